@@ -1,0 +1,145 @@
+"""The data that crosses package boundaries: captured turns, traces, and capture sessions.
+
+Every other package (server, harnesses, trainer, inspector) reads these models; nothing else defines
+its own copy. Models are strict (no coercion) and forbid unknown fields, so a trace that round-trips
+through JSON comes back identical or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Purpose = Literal["train", "eval"]
+"""train: the policy's own sampling is enforced and turns are trainable. eval: the agent's sampling passes through."""
+
+TurnRole = Literal["agent", "auxiliary", "discarded"]
+"""Where a turn sits in the rollout graph (DESIGN.md 3.2). Only `agent` turns can be trained on."""
+
+CaptureStatus = Literal["ok", "missing_token_ids", "missing_logprobs", "token_mismatch", "transport_error"]
+"""Whether the engine's own tokens and logprobs were captured intact for a turn."""
+
+SessionStatus = Literal["running", "completed", "failed", "timed_out", "cancelled"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SamplingParams(_Strict):
+    """Sampling settings a session applies to its model calls."""
+
+    temperature: float = 1.0
+    """Policy temperature. In train sessions it overrides whatever the agent asks for."""
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int | None = None
+    """Cap on completion tokens per call; None leaves the agent's own value (or the engine default)."""
+    seed: int | None = None
+
+
+class TurnMetadata(_Strict):
+    """How a turn was produced: what a practitioner needs to trust (or debug) its tokens."""
+
+    endpoint: Literal["chat", "completions"] = "chat"
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """The sampling parameters actually sent upstream."""
+    policy_version: int | None = None
+    """Weight version the engine reported when it sampled this turn."""
+    finish_reason: str | None = None
+    latency_s: float | None = None
+    parent_node_id: str | None = None
+    """Filled when the rollout graph is built (DESIGN.md 3.2)."""
+    role: TurnRole = "agent"
+    capture: CaptureStatus = "ok"
+    error: str | None = None
+    """Why the capture is not `ok` (mismatch detail, upstream error)."""
+    streamed: bool = False
+    created_at: float = 0.0
+    """Unix time when the response was sent to the agent."""
+
+
+class TrainingTurn(_Strict):
+    """One model call as the engine saw it. The loss mask covers prompt + completion tokens."""
+
+    node_id: str = Field(min_length=1)
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    per_token_logps: list[float]
+    """The engine's sampled logprob of each completion token (processed: after temperature)."""
+    loss_mask: list[int]
+    """One 0/1 per prompt + completion token; 1 marks a token the policy is trained on."""
+    request: dict[str, Any] = Field(default_factory=dict)
+    """The request as the agent sent it (messages, tools, ...)."""
+    response: dict[str, Any] = Field(default_factory=dict)
+    """The response as the agent received it."""
+    metadata: TurnMetadata = Field(default_factory=TurnMetadata)
+
+    @property
+    def trainable(self) -> bool:
+        return any(self.loss_mask)
+
+
+class TrainingTrace(_Strict):
+    """All model calls of one rollout, in the order they were made, plus rollout-level facts."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    session_id: str
+    purpose: Purpose = "train"
+    turns: list[TrainingTurn]
+    multi_step_task: bool = False
+    """The task needs more than one model call; a training capture with a single call is degenerate."""
+    status: SessionStatus = "completed"
+    model: str | None = None
+    task_id: str | None = None
+    harness: str | None = None
+    sandbox: str | None = None
+    reward: float | None = None
+    """The rollout's reward; None means unscoreable (never read it as 0)."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionCreate(_Strict):
+    """Body of `POST /sessions` on the proxy's admin API."""
+
+    llm_url: str | None = None
+    """The engine's OpenAI base URL, with or without the trailing /v1; None uses the proxy's upstream."""
+    model: str = Field(min_length=1)
+    api_key: str | None = None
+    """Key the proxy sends upstream (never shown to the agent)."""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    purpose: Purpose = "train"
+    max_model_calls: int = Field(default=0, ge=0)
+    """Step budget: past this many calls the agent gets a terminal message. 0 means no limit."""
+    multi_step_task: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionInfo(_Strict):
+    """What the admin API reports about a capture session."""
+
+    session_id: str
+    status: SessionStatus
+    purpose: Purpose
+    model: str
+    llm_url: str
+    max_model_calls: int
+    num_turns: int
+    created_at: float
+    finished_at: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionCreated(_Strict):
+    """Reply to `POST /sessions`: what to hand the agent."""
+
+    session_id: str
+    api_key: str
+    """The key the agent sends as `Authorization: Bearer`."""
+    base_url: str
+    """The OpenAI base URL (ending in /v1) the agent talks to."""

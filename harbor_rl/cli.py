@@ -1,0 +1,17 @@
+"""`harbor`: one command line over every part.
+
+Each command lives in its own `commands/` module and imports its package inside the function body,
+so `harbor proxy` never loads torch and `harbor tasks check` never starts a server.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from harbor_rl.commands import engine, proxy, tasks
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL.")
+
+proxy.register(app)
+engine.register(app)
+tasks.register(app)

@@ -1,0 +1,1 @@
+"""One module per `harbor` command group; each exposes `register(app)`."""

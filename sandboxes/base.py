@@ -1,0 +1,107 @@
+"""The sandbox protocol: one shape for every backend (local, docker, e2b).
+
+A backend turns a `SandboxSpec` (what a task asks for) into a running `Sandbox`; harnesses and the
+verifier only ever talk to the protocol. Everything is async because the server runs hundreds of
+rollouts on one event loop; backends with blocking SDKs run them in threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NetworkMode = Literal["public", "no-network", "allowlist"]
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox must provide for one rollout, from the task's `[environment]` table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    """Unique per rollout; used for container names, labels and work folders."""
+    environment_dir: Path | None = None
+    """The task's `environment/` folder (Dockerfile + build context)."""
+    docker_image: str | None = None
+    """A prebuilt image to use instead of building `environment_dir`."""
+    workdir: str = "/app"
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
+    pids_limit: int = 512
+    """Most processes the sandbox may run at once (contains fork bombs)."""
+    network_mode: NetworkMode = "no-network"
+    """public: anything; no-network: only the capture proxy; allowlist: the proxy plus `allowed_hosts`."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    proxy_port: int | None = None
+    """Host port of the capture proxy, the one address every sandbox may reach."""
+    env: dict[str, str] = Field(default_factory=dict)
+    build_timeout_s: float = 600.0
+    timeout_s: float = 3600.0
+    """How long the sandbox may live in all (agent + verifier + slack); backends with a TTL use it."""
+
+
+class ExecResult(BaseModel):
+    exit_code: int | None
+    """None when the command was killed at its timeout."""
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A running sandbox. `stop()` is idempotent and always safe to call."""
+
+    spec: SandboxSpec
+
+    @property
+    def proxy_host(self) -> str:
+        """Host name or IP at which code inside this sandbox reaches the host's proxy port."""
+        ...
+
+    async def exec(
+        self,
+        command: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run a command (a string goes through `bash -lc`). Never raises for a non-zero exit."""
+        ...
+
+    async def upload_file(self, data: bytes | Path, remote_path: str) -> None: ...
+
+    async def upload_dir(self, local_dir: Path, remote_dir: str) -> None: ...
+
+    async def download_file(self, remote_path: str) -> bytes: ...
+
+    async def download_dir(self, remote_dir: str, local_dir: Path) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    name: str
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        """Provision (build or reuse the image) and start a sandbox for `spec`."""
+        ...
+
+    async def health(self) -> str:
+        """A one-line description of the backend's readiness; raises SandboxUnavailable if unusable."""
+        ...
+
+    async def sweep(self) -> int:
+        """Remove sandboxes left behind by a crashed process; returns how many were removed."""
+        ...
