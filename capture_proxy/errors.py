@@ -33,3 +33,27 @@ class SessionNotFound(StoreError):
     def __init__(self, session_id: str):
         self.session_id = session_id
         super().__init__(f"no capture session with id {session_id!r}")
+
+
+class ProxyRequestError(CaptureError):
+    """A request the proxy answers with an OpenAI-style error (bad input, bad key, engine failure)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        super().__init__(message)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class TurnExists(StoreError):
+    """A turn with the same (session_id, seq) is already stored."""
+
+
+class InvalidSessionUpdate(StoreError):
+    """A session update names an unknown field, a bad value, or leaves a final status."""

@@ -1,0 +1,12 @@
+"""The trace store: capture sessions and their turns, durable as soon as each turn is written.
+
+SQLite (WAL) by default at $HARBOR_RUNS_DIR/traces.db; any SQLAlchemy URL works, PostgreSQL
+(`postgresql+psycopg://`) when several machines write. The schema is migrated with Alembic on open.
+"""
+
+from capture_proxy.store.engine import default_store_url
+from capture_proxy.store.records import SessionRecord
+from capture_proxy.store.store import TraceStore
+from capture_proxy.store.writer import AsyncTurnWriter
+
+__all__ = ["AsyncTurnWriter", "SessionRecord", "TraceStore", "default_store_url"]

@@ -1,0 +1,45 @@
+"""SessionRecord: one row of the sessions table, as the rest of the code sees it."""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capture_proxy.models import Purpose, SessionStatus
+
+TERMINAL_STATUSES: frozenset[str] = frozenset(get_args(SessionStatus)) - {"running"}
+
+
+class SessionRecord(BaseModel):
+    """A capture session: who may call, where calls go, and how the rollout ended."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    session_id: str = Field(min_length=1, max_length=128)
+    api_key_hash: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """sha256 hex of the session key the agent sends; the plain key is never stored."""
+    status: SessionStatus = "running"
+    purpose: Purpose = "train"
+    model: str
+    llm_url: str
+    upstream_api_key: str | None = None
+    """Key the proxy sends upstream (never shown to the agent)."""
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    max_model_calls: int = Field(default=0, ge=0)
+    """Step budget; 0 means no limit."""
+    multi_step_task: bool = False
+    task_id: str | None = None
+    harness: str | None = None
+    sandbox: str | None = None
+    reward: float | None = None
+    """The rollout's reward; None means unscoreable (never read it as 0)."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    """Unix time, seconds."""
+    finished_at: float | None = None
+    """Unix time the session left `running`; set by the store when a terminal status is recorded."""
+    num_turns: int = Field(default=0, ge=0)
+    """Turns stored for this session; maintained by the store as turns are added."""

@@ -1,0 +1,312 @@
+"""TraceStore: capture sessions and their turns in any SQLAlchemy database (SQLite by default)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import bindparam, exists, insert, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from capture_proxy.errors import InvalidSessionUpdate, SessionNotFound, StoreError, TurnExists
+from capture_proxy.models import SessionStatus, TrainingTurn, TurnMetadata
+from capture_proxy.store import codec, prefix
+from capture_proxy.store.engine import WRITE_OPTION, create_store_engine, default_store_url, redact
+from capture_proxy.store.migrate import upgrade_to_head
+from capture_proxy.store.records import TERMINAL_STATUSES, SessionRecord
+from capture_proxy.store.schema import SessionRow, TurnRow
+
+# SessionRecord field -> SessionRow attribute, where they differ (`metadata` is reserved by SQLAlchemy).
+_ROW_ATTR = {"metadata": "meta"}
+_FIELDS = tuple(SessionRecord.model_fields)
+_UPDATABLE = frozenset(_FIELDS) - {"session_id", "num_turns"}
+"""num_turns is the store's to maintain; the id is the key."""
+
+_sessions = SessionRow.__table__
+_LOCK_SESSIONS = (
+    select(SessionRow.session_id)
+    .where(SessionRow.session_id.in_(bindparam("ids", expanding=True)))
+    .order_by(SessionRow.session_id)
+    .with_for_update()
+)
+_BUMP_NUM_TURNS = (
+    update(_sessions)
+    .where(_sessions.c.session_id == bindparam("sid"))
+    .values(num_turns=_sessions.c.num_turns + bindparam("n"))
+)
+
+
+def _record(row: SessionRow) -> SessionRecord:
+    return SessionRecord.model_validate({name: getattr(row, _ROW_ATTR.get(name, name)) for name in _FIELDS})
+
+
+def _row_values(record: SessionRecord) -> dict[str, Any]:
+    return {_ROW_ATTR.get(name, name): getattr(record, name) for name in _FIELDS}
+
+
+def _turn_values(
+    session_id: str, seq: int, turn: TrainingTurn, base: prefix.Base | None
+) -> tuple[dict[str, Any], prefix.Base]:
+    """The row for a turn, its prompt stored against `base`; and the turn as a base for the next."""
+    try:
+        mask = codec.encode_mask(turn.loss_mask)
+        prompt = codec.encode_ids(turn.prompt_token_ids)
+        completion = codec.encode_ids(turn.completion_token_ids)
+    except StoreError as exc:
+        raise StoreError(f"turn {seq} of session {session_id!r}: {exc}") from exc
+    shared = prefix.delta(prompt, seq, base)
+    values = {
+        "session_id": session_id,
+        "seq": seq,
+        "node_id": turn.node_id,
+        "prompt_base_seq": shared.base_seq,
+        "prompt_shared_len": shared.shared,
+        "prompt_ids": shared.suffix,
+        "completion_ids": completion,
+        "logps": codec.encode_logps(turn.per_token_logps),
+        "loss_mask": mask,
+        "request": turn.request,
+        "response": turn.response,
+        "meta": turn.metadata.model_dump(),
+    }
+    return values, prefix.Base(seq, prompt + completion)
+
+
+def _turns(session_id: str, rows: Sequence[TurnRow]) -> list[TrainingTurn]:
+    """Rebuild a session's turns from its rows in seq order (each prompt's base comes earlier)."""
+    needed = {row.prompt_base_seq for row in rows if row.prompt_base_seq is not None}
+    tokens: dict[int, bytes] = {}  # prompt + completion of turns that later prompts share from
+    turns = []
+    for row in rows:
+        base = None
+        if row.prompt_base_seq is not None:
+            base = tokens.get(row.prompt_base_seq)
+            if base is None:
+                raise StoreError(
+                    f"turn {row.seq} of session {session_id!r} shares its prompt with turn "
+                    f"{row.prompt_base_seq}, which is not an earlier turn of the session"
+                )
+        prompt = prefix.rebuild(row.prompt_ids, base, row.prompt_shared_len)
+        if row.seq in needed:
+            tokens[row.seq] = prompt + row.completion_ids
+        turns.append(_turn(row, prompt))
+    return turns
+
+
+def _turn(row: TurnRow, prompt_ids: bytes) -> TrainingTurn:
+    prompt = codec.decode_ids(prompt_ids)
+    completion = codec.decode_ids(row.completion_ids)
+    return TrainingTurn(
+        node_id=row.node_id,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        per_token_logps=codec.decode_logps(row.logps),
+        loss_mask=codec.decode_mask(row.loss_mask, len(prompt) + len(completion)),
+        request=row.request,
+        response=row.response,
+        metadata=TurnMetadata.model_validate(row.meta),
+    )
+
+
+def _check_transition(session_id: str, current: str, new: str) -> None:
+    """running -> any terminal status; a terminal status is final (setting it again is a no-op)."""
+    if new != current and current in TERMINAL_STATUSES:
+        raise InvalidSessionUpdate(
+            f"session {session_id!r} is already {current!r}; it cannot become {new!r} "
+            "(a finished session's status is final)"
+        )
+
+
+class TraceStore:
+    """Sessions and turns in one database. Thread-safe: every call is its own transaction."""
+
+    def __init__(self, url: str | None = None, *, prompt_cache_mb: float = 64):
+        """`prompt_cache_mb`: memory for the last turn of recently written sessions, which new prompts
+        are stored against (prefix.py); 0 stores every prompt in full."""
+        self.url = url or default_store_url()
+        self._bases = prefix.BaseCache(int(prompt_cache_mb * 2**20))
+        self._engine = create_store_engine(self.url)
+        try:
+            upgrade_to_head(self._engine)
+        except BaseException:
+            self._engine.dispose()
+            raise
+        # An in-memory SQLite database is one shared connection: take turns on it.
+        self._serial: AbstractContextManager[Any] = (
+            threading.RLock() if isinstance(self._engine.pool, StaticPool) else nullcontext()
+        )
+        self._read = sessionmaker(self._engine, expire_on_commit=False)
+        self._write = sessionmaker(
+            self._engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
+        )
+
+    def __repr__(self) -> str:
+        return f"TraceStore({redact(self.url)!r})"
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Session]:
+        """One transaction; database errors leave as StoreError naming the store."""
+        try:
+            with self._serial, (self._write if write else self._read)() as session, session.begin():
+                yield session
+        except StoreError:
+            raise
+        except SQLAlchemyError as exc:
+            if isinstance(getattr(exc, "orig", None), StoreError):  # raised by our JSON serializer
+                raise exc.orig from exc
+            raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
+
+    # Sessions
+
+    def create_session(self, record: SessionRecord) -> None:
+        """Insert a new session; its id and key hash must be unused, and it starts with no turns."""
+        if record.num_turns != 0:
+            raise StoreError(
+                f"cannot create session {record.session_id!r} with num_turns={record.num_turns}: "
+                "the store counts turns as they are added"
+            )
+        try:
+            with self._transaction(write=True) as s:
+                s.execute(insert(SessionRow), [_row_values(record)])
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                raise StoreError(
+                    f"cannot create session {record.session_id!r}: its id or key hash is already in use"
+                ) from exc.__cause__
+            raise
+
+    def get_session(self, session_id: str) -> SessionRecord:
+        with self._transaction(write=False) as s:
+            row = s.get(SessionRow, session_id)
+            if row is None:
+                raise SessionNotFound(session_id)
+            return _record(row)
+
+    def find_session_by_key_hash(self, key_hash: str) -> SessionRecord | None:
+        with self._transaction(write=False) as s:
+            row = s.scalars(select(SessionRow).where(SessionRow.api_key_hash == key_hash)).one_or_none()
+            return None if row is None else _record(row)
+
+    def list_sessions(
+        self,
+        *,
+        status: SessionStatus | Collection[SessionStatus] | None = None,
+        purpose: str | None = None,
+        task_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionRecord]:
+        """Sessions newest first; `status` is one status or several."""
+        if limit < 0 or offset < 0:
+            raise ValueError(f"limit and offset must be >= 0, got limit={limit}, offset={offset}")
+        query = select(SessionRow)
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            query = query.where(SessionRow.status.in_(statuses))
+        if purpose is not None:
+            query = query.where(SessionRow.purpose == purpose)
+        if task_id is not None:
+            query = query.where(SessionRow.task_id == task_id)
+        query = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc())
+        with self._transaction(write=False) as s:
+            return [_record(row) for row in s.scalars(query.limit(limit).offset(offset))]
+
+    def update_session(self, session_id: str, /, **fields: Any) -> SessionRecord:
+        """Change some fields and return the updated record.
+
+        Unknown or store-managed field names raise InvalidSessionUpdate, as does leaving a terminal
+        status. Moving to a terminal status stamps `finished_at` unless it is given.
+        """
+        bad = sorted(set(fields) - _UPDATABLE)
+        if bad:
+            raise InvalidSessionUpdate(
+                f"cannot update field(s) {bad} of session {session_id!r}; updatable: {sorted(_UPDATABLE)}"
+            )
+        with self._transaction(write=True) as s:
+            row = s.get(SessionRow, session_id, with_for_update=True)
+            if row is None:
+                raise SessionNotFound(session_id)
+            current = _record(row)
+            new_status = fields.get("status", current.status)
+            _check_transition(session_id, current.status, new_status)
+            if new_status != current.status and new_status in TERMINAL_STATUSES:
+                fields.setdefault("finished_at", time.time())
+            try:
+                updated = SessionRecord.model_validate(current.model_dump() | fields)
+            except ValueError as exc:
+                raise InvalidSessionUpdate(f"invalid update of session {session_id!r}: {exc}") from exc
+            for name in fields:
+                setattr(row, _ROW_ATTR.get(name, name), getattr(updated, name))
+        if updated.status in TERMINAL_STATUSES:
+            self._bases.drop(session_id)  # no more turns expected
+        return updated
+
+    def mark_running_failed(self, reason: str) -> int:
+        """After a crash or restart, no session is still running: mark those that say so failed."""
+        with self._transaction(write=True) as s:
+            result = s.execute(
+                update(SessionRow)
+                .where(SessionRow.status == "running")
+                .values(status="failed", error=reason, finished_at=time.time())
+                .execution_options(synchronize_session=False)
+            )
+            return result.rowcount
+
+    # Turns
+
+    def add_turns(self, items: Sequence[tuple[str, int, TrainingTurn]]) -> None:
+        """Store (session_id, seq, turn) items in ONE transaction: all of them, or none."""
+        if not items:
+            return
+        rows = []
+        staged: dict[str, prefix.Base] = {}  # the newest turn per session once this batch commits
+        for session_id, seq, turn in items:
+            base = staged.get(session_id) or self._bases.get(session_id)
+            values, as_base = _turn_values(session_id, seq, turn, base)
+            rows.append(values)
+            if base is None or seq > base.seq:
+                staged[session_id] = as_base
+        per_session = Counter(session_id for session_id, _, _ in items)
+        try:
+            with self._transaction(write=True) as s:
+                session_ids = sorted(per_session)
+                # Lock the sessions in a fixed order (PostgreSQL; SQLite holds the write lock already),
+                # so concurrent writers never deadlock, and a session cannot vanish under us.
+                found = set(s.scalars(_LOCK_SESSIONS, {"ids": session_ids}))
+                missing = [sid for sid in session_ids if sid not in found]
+                if missing:
+                    raise SessionNotFound(missing[0])
+                s.execute(_BUMP_NUM_TURNS, [{"sid": sid, "n": per_session[sid]} for sid in session_ids])
+                s.execute(insert(TurnRow), rows)
+        except StoreError as exc:
+            for session_id in staged:  # a failed batch may have been built on a base that is gone
+                self._bases.drop(session_id)
+            if isinstance(exc.__cause__, IntegrityError):
+                keys = ", ".join(f"{sid!r} seq {seq}" for sid, seq, _ in items[:5])
+                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+                raise TurnExists(
+                    f"a turn with the same (session, seq) is already stored among: {keys}{more}"
+                ) from (exc.__cause__)
+            raise
+        for session_id, base in staged.items():  # committed: later turns may share from these
+            self._bases.put(session_id, base)
+
+    def add_turn(self, session_id: str, seq: int, turn: TrainingTurn) -> None:
+        self.add_turns([(session_id, seq, turn)])
+
+    def get_turns(self, session_id: str) -> list[TrainingTurn]:
+        """The session's turns ordered by seq, exactly as they were stored."""
+        with self._transaction(write=False) as s:
+            if not s.scalar(select(exists().where(SessionRow.session_id == session_id))):
+                raise SessionNotFound(session_id)
+            rows = s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.seq))
+            return _turns(session_id, rows.all())
+
+    def close(self) -> None:
+        self._engine.dispose()
