@@ -1,9 +1,173 @@
-"""`harbor tasks`."""
+"""`harbor tasks`: validate a dataset (optionally sanity-run the oracle and nop) and create tasks."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import typer
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_PLACEHOLDER = "__TASK_NAME__"
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    tasks_app = typer.Typer(no_args_is_help=True, help="Harbor tasks: validate, sanity-run and create them.")
+    app.add_typer(tasks_app, name="tasks")
+
+    @tasks_app.command("check")
+    def check(
+        dataset: str = typer.Argument(
+            ..., help="A task folder, a folder of tasks, 'builtin' or hf:REPO[@split]."
+        ),
+        run: str = typer.Option("", "--run", help="Also run these in a sandbox and verify: oracle,nop."),
+        sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend for --run: local or docker."),
+        concurrency: int = typer.Option(2, "--concurrency", min=1, help="Sandboxes run at once."),
+    ) -> None:
+        """Validate every task of DATASET and print a table; exit 1 when any task is broken."""
+        from rich.console import Console
+
+        agents = [a.strip() for a in run.split(",") if a.strip()]
+        unknown = sorted(set(agents) - {"oracle", "nop"})
+        if unknown:
+            raise typer.BadParameter(f"--run takes oracle and/or nop, not {', '.join(unknown)}")
+        rows, ok = _check(dataset, agents, sandbox, concurrency)
+        Console().print(_table(dataset, rows, agents))
+        raise typer.Exit(0 if ok else 1)
+
+    @tasks_app.command("init")
+    def init(
+        name: str = typer.Argument(..., help="Task name: lower-case letters, digits, '.', '_' or '-'."),
+        directory: Path = typer.Option(Path("."), "--dir", help="Folder to create the task in."),
+    ) -> None:
+        """Write a new task folder from the template (a working example to edit)."""
+        target = init_task(name, directory)
+        typer.echo(f"created {target}; edit instruction.md, environment/, tests/ and solution/, then run")
+        typer.echo(f"  harbor tasks check {target} --run oracle,nop")
+
+
+def init_task(name: str, directory: Path) -> Path:
+    """Copy `tasks/template/` to DIRECTORY/NAME with the name filled in; validates the result."""
+    import shutil
+
+    import tasks
+    from tasks import load_task
+
+    if not _NAME_RE.match(name):
+        raise typer.BadParameter(f"task name {name!r}: use lower-case letters, digits, '.', '_' or '-'")
+    target = Path(directory) / name
+    if target.exists():
+        raise typer.BadParameter(f"{target} already exists")
+    template = Path(tasks.__file__).parent / "template"
+    shutil.copytree(template, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in ("task.toml", "instruction.md"):
+        path = target / file
+        path.write_text(path.read_text().replace(_PLACEHOLDER, name))
+    load_task(target)
+    return target
+
+
+def _check(dataset: str, agents: list[str], backend_name: str, concurrency: int) -> tuple[list[dict], bool]:
+    import asyncio
+
+    rows, tasks = _load_all(dataset)
+    if agents and tasks:
+        outcomes = asyncio.run(_run_sanity(tasks, agents, backend_name, concurrency))
+        for row in rows:
+            for agent in agents:
+                outcome = outcomes.get((row["id"], agent))
+                if outcome is not None:
+                    row[agent] = outcome
+    ok = all(row["error"] is None for row in rows) and all(
+        row[agent].passed for row in rows for agent in agents if agent in row
+    )
+    return rows, ok and bool(rows)
+
+
+def _load_all(dataset: str) -> tuple[list[dict], list]:
+    from tasks import TaskError, load_dataset_spec, load_task, task_dirs
+
+    rows: list[dict] = []
+    tasks = []
+    folder = Path(dataset)
+    if dataset != "builtin" and not dataset.startswith("hf:") and folder.is_dir():
+        for task_dir in task_dirs(folder):
+            try:
+                task = load_task(task_dir)
+            except TaskError as exc:
+                rows.append({"id": task_dir.name, "name": "", "error": str(exc), "notes": ""})
+                continue
+            tasks.append(task)
+            rows.append(_row(task))
+        if not rows:
+            rows.append(
+                {
+                    "id": folder.name,
+                    "name": "",
+                    "error": "no task folders (with a task.toml) here",
+                    "notes": "",
+                }
+            )
+        return rows, tasks
+    try:
+        loaded = load_dataset_spec(dataset)
+    except TaskError as exc:
+        return [{"id": dataset, "name": "", "error": str(exc), "notes": ""}], []
+    return [_row(task) for task in loaded], list(loaded)
+
+
+def _row(task) -> dict:
+    notes = []
+    unknown = task.config.unknown_keys()
+    if unknown:
+        notes.append("unknown keys kept: " + ", ".join(unknown))
+    if not task.paths.has_solution:
+        notes.append("no solution/solve.sh")
+    return {"id": task.id, "name": task.name, "error": None, "notes": "; ".join(notes), "task": task}
+
+
+async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: int) -> dict:
+    import asyncio
+
+    from sandboxes import get_backend
+    from tasks import sanity_check
+
+    backend = get_backend(backend_name)
+    await backend.health()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task, agent):
+        if agent == "oracle" and not task.paths.has_solution:
+            return None
+        async with gate:
+            return await sanity_check(task, backend, agent)
+
+    pairs = [(task, agent) for task in tasks for agent in agents]
+    results = await asyncio.gather(*(one(task, agent) for task, agent in pairs))
+    return {(task.id, agent): result for (task, agent), result in zip(pairs, results, strict=True) if result}
+
+
+def _table(dataset: str, rows: list[dict], agents: list[str]):
+    from rich.table import Table
+
+    table = Table(title=f"harbor tasks check {dataset}")
+    table.add_column("task", style="bold")
+    table.add_column("status")
+    for agent in agents:
+        table.add_column(f"{agent} (want {1.0 if agent == 'oracle' else 0.0})", justify="right")
+    table.add_column("notes", overflow="fold")
+    for row in rows:
+        status = "[green]ok[/]" if row["error"] is None else f"[red]{row['error']}[/]"
+        cells = [row["id"], status]
+        for agent in agents:
+            outcome = row.get(agent)
+            if outcome is None:
+                cells.append("-")
+            elif outcome.passed:
+                cells.append(f"[green]{outcome.reward:g}[/] ({outcome.duration_s:.1f}s)")
+            else:
+                shown = "None" if outcome.reward is None else f"{outcome.reward:g}"
+                cells.append(f"[red]{shown}[/] {outcome.error or ''}".strip())
+        cells.append(row["notes"])
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Run the hidden tests; write reward.json with the reward (1 when all pass, else 0) and the counts.
+mkdir -p /logs/verifier
+cd /app
+export PYTHONDONTWRITEBYTECODE=1
+python3 -m pytest -q -p no:cacheprovider --junitxml=/logs/verifier/junit.xml /tests/test_summary.py 2>&1 | tee /logs/verifier/pytest.txt
+python3 - <<'PY'
+import json
+import xml.etree.ElementTree as ET
+try:
+    root = ET.parse("/logs/verifier/junit.xml").getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    bad = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) + int(s.get("skipped", 0)) for s in suites)
+except (OSError, ET.ParseError):
+    total, bad = 0, 0
+passed = total - bad
+reward = 1.0 if total and passed == total else 0.0
+with open("/logs/verifier/reward.json", "w") as f:
+    json.dump({"reward": reward, "tests_passed": passed, "tests_total": total}, f)
+PY

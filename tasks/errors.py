@@ -1,0 +1,32 @@
+"""Errors raised by the task layer, each naming what is wrong and where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TaskError(Exception):
+    """Base class for task and dataset failures."""
+
+
+class TaskFormatError(TaskError):
+    """A task folder or one of its files is malformed.
+
+    `file` is the offending file (or folder), `key` the TOML key, Dockerfile instruction or row field
+    at fault (None when the whole file is), `problem` what is wrong, in words a task author can act on.
+    """
+
+    def __init__(self, file: str | Path, problem: str, key: str | None = None) -> None:
+        self.file = str(file)
+        self.key = key
+        self.problem = problem
+        where = f"{self.file} [{key}]" if key else self.file
+        super().__init__(f"{where}: {problem}")
+
+
+class DatasetError(TaskError):
+    """A dataset spec cannot be resolved (unknown source, missing split, duplicate task ids...)."""
+
+
+class TaskNotFound(DatasetError):
+    """A task id or index that the dataset does not hold."""

@@ -1,0 +1,78 @@
+"""`Transform`: observation post-processing inside an environment (TorchRL's shape).
+
+A transform maps an observation to an observation: truncate long tool output, add a penalty for
+dangerous commands, redact secrets. Transforms compose: `Compose(a, b)` (or `a >> b`) applies `a`
+then `b`. Where a Rubric scores (action, observation), a Transform only sees the observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+class Transform:
+    """Subclasses implement `__call__(observation) -> observation`."""
+
+    def __call__(self, observation: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(observation)")
+
+    def __rshift__(self, other: Transform) -> Compose:
+        return Compose(self, other)
+
+
+class Compose(Transform):
+    """Apply transforms in order; nested Compose objects are flattened."""
+
+    def __init__(self, *transforms: Transform) -> None:
+        flat: list[Transform] = []
+        for transform in transforms:
+            if not callable(transform):
+                raise TypeError(f"Compose: {transform!r} is not a transform")
+            flat.extend(transform.transforms if isinstance(transform, Compose) else [transform])
+        self.transforms = flat
+
+    def __call__(self, observation: Any) -> Any:
+        for transform in self.transforms:
+            observation = transform(observation)
+        return observation
+
+    def __repr__(self) -> str:
+        return f"Compose({', '.join(type(t).__name__ for t in self.transforms)})"
+
+
+CompositeTransform = Compose
+"""OpenEnv's name for the same thing."""
+
+
+class NullTransform(Transform):
+    def __call__(self, observation: Any) -> Any:
+        return observation
+
+
+class FunctionTransform(Transform):
+    """Wrap a plain function as a transform."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, observation: Any) -> Any:
+        return self.fn(observation)
+
+
+class TruncateText(Transform):
+    """Cut string observations to `max_chars`, keeping head and tail (what models need most)."""
+
+    def __init__(self, max_chars: int = 4000, marker: str = "\n[... {n} characters cut ...]\n") -> None:
+        if max_chars < 16:
+            raise ValueError(f"TruncateText max_chars must be >= 16, got {max_chars}")
+        self.max_chars = max_chars
+        self.marker = marker
+
+    def __call__(self, observation: Any) -> Any:
+        if not isinstance(observation, str) or len(observation) <= self.max_chars:
+            return observation
+        head = self.max_chars // 2
+        tail = self.max_chars - head
+        cut = len(observation) - head - tail
+        return observation[:head] + self.marker.format(n=cut) + observation[-tail:]

@@ -1,0 +1,12 @@
+#!/bin/bash
+# The verifier: runs after the agent stopped, with tests/ uploaded to /tests (never visible before).
+# Only /logs/verifier/reward.txt (one number) or reward.json counts; the exit status does not.
+mkdir -p /logs/verifier
+cd /app
+export PYTHONDONTWRITEBYTECODE=1
+python3 -m pytest -q -p no:cacheprovider /tests/test_task.py 2>&1 | tee /logs/verifier/pytest.txt
+if [ "${PIPESTATUS[0]}" -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
