@@ -15,6 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field
 NetworkMode = Literal["public", "no-network", "allowlist"]
 
 
+class ImageLayer(BaseModel):
+    """Dockerfile instructions appended on top of a task image (a harness's install), with their own context."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    """Stable identifier, part of the cached image's content hash (e.g. `mini-swe-agent-2.4.6`)."""
+    dockerfile_lines: list[str]
+    """Instructions appended after the task's Dockerfile (`COPY`, `RUN`, `ENV` ...)."""
+    context_dir: Path | None = None
+    """Files the instructions COPY from (pre-downloaded wheels, npm tarballs)."""
+
+
 class SandboxSpec(BaseModel):
     """What a sandbox must provide for one rollout, from the task's `[environment]` table."""
 
@@ -38,6 +51,8 @@ class SandboxSpec(BaseModel):
     proxy_port: int | None = None
     """Host port of the capture proxy, the one address every sandbox may reach."""
     env: dict[str, str] = Field(default_factory=dict)
+    image_layers: list[ImageLayer] = Field(default_factory=list)
+    """Extra layers (harness installs) built on top of the task image and cached with it."""
     build_timeout_s: float = 600.0
     timeout_s: float = 3600.0
     """How long the sandbox may live in all (agent + verifier + slack); backends with a TTL use it."""

@@ -1,0 +1,202 @@
+"""Task images built from a task's `environment/` and cached by the content hash of the build context.
+
+The tag is `harbor-rl/task-<hash>`, where the hash covers every file Docker would send (after
+`.dockerignore`), their executable bits and symlink targets, and the image ID of each `FROM` base, so
+rebuilding the base image or editing one file gives a new image while identical tasks share one.
+Harness layers (`SandboxSpec.image_layers`) are built on top the same way, each hashed with its parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import ImageLayer, SandboxSpec
+from sandboxes.dockerfile import parse_dockerfile, parse_dockerfile_text
+from sandboxes.errors import SandboxBuildError
+
+log = logging.getLogger(__name__)
+
+IMAGE_PREFIX = "harbor-rl/task-"
+HASH_LABEL = "harbor-rl.context-hash"
+BASE_IMAGE_PREFIX = "harbor-rl/sandbox-base"
+_HASH_CHARS = 20
+
+
+def context_files(context_dir: Path) -> list[str]:
+    """Relative paths Docker would send for `context_dir`, honouring `.dockerignore`, sorted."""
+    from docker.utils.build import exclude_paths
+
+    ignore_file = context_dir / ".dockerignore"
+    patterns: list[str] = []
+    if ignore_file.is_file():
+        patterns = [
+            line.strip()
+            for line in ignore_file.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
+    return sorted(exclude_paths(str(context_dir), patterns))
+
+
+def context_hash(context_dir: Path, *, extra: str = "") -> str:
+    """SHA-256 over the context's files (path, mode, content or link target) plus `extra`."""
+    digest = hashlib.sha256()
+    digest.update(extra.encode())
+    root = Path(context_dir)
+    for relative in context_files(root):
+        path = root / relative
+        digest.update(b"\0path\0" + relative.encode())
+        if path.is_symlink():
+            digest.update(b"\0link\0" + os.readlink(path).encode())
+        elif path.is_dir():
+            digest.update(b"\0dir\0")
+        elif path.is_file():
+            digest.update(b"\0exec\0" if os.access(path, os.X_OK) else b"\0file\0")
+            with path.open("rb") as handle:
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+class ImageBuilder:
+    """Builds (or finds) the image for a spec; safe to call from many threads at once."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.hits = 0
+        self.builds = 0
+
+    def image_for(self, spec: SandboxSpec) -> str:
+        """The image reference to run for `spec` (blocking: call it in a thread)."""
+        deadline = time.monotonic() + spec.build_timeout_s
+        if spec.docker_image:
+            image = spec.docker_image
+            self._require_local(image, what=f"docker_image of {spec.name}")
+        elif spec.environment_dir is not None:
+            image = self.task_image(Path(spec.environment_dir), deadline)
+        else:
+            image = f"{BASE_IMAGE_PREFIX}:bookworm"
+            self._require_local(image, what="the default sandbox image")
+        for layer in spec.image_layers:
+            image = self.layer_image(image, layer, deadline)
+        return image
+
+    def task_image(self, environment_dir: Path, deadline: float) -> str:
+        dockerfile = environment_dir / "Dockerfile"
+        if not dockerfile.is_file():
+            raise SandboxBuildError(f"{dockerfile} does not exist")
+        bases = parse_dockerfile(dockerfile).base_images()
+        extra = "|".join(f"{name}={self._image_id(name)}" for name in bases)
+        digest = context_hash(environment_dir, extra=extra)
+        return self._build_once(digest, environment_dir, "Dockerfile", deadline, what=str(environment_dir))
+
+    def layer_image(self, parent: str, layer: ImageLayer, deadline: float) -> str:
+        lines = "\n".join(layer.dockerfile_lines)
+        where = Path(f"<layer {layer.name}>")
+        if any(ins.keyword == "FROM" for ins in parse_dockerfile_text(lines, where).instructions):
+            raise SandboxBuildError(f"image layer {layer.name!r} must not contain FROM")
+        extra = f"layer|{layer.name}|{self._image_id(parent)}|{lines}"
+        with tempfile.TemporaryDirectory(prefix="harbor-rl-layer-") as tmp:
+            context = Path(tmp)
+            if layer.context_dir is not None:
+                shutil.copytree(layer.context_dir, context, symlinks=True, dirs_exist_ok=True)
+            digest = context_hash(context, extra=extra)
+            (context / "Dockerfile.harbor-layer").write_text(f"FROM {parent}\n{lines}\n")
+            return self._build_once(
+                digest, context, "Dockerfile.harbor-layer", deadline, what=f"layer {layer.name}"
+            )
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _build_once(self, digest: str, context: Path, dockerfile: str, deadline: float, *, what: str) -> str:
+        tag = f"{IMAGE_PREFIX}{digest[:_HASH_CHARS]}"
+        with self._lock_for(tag):
+            if self._exists(tag):
+                self.hits += 1
+                return tag
+            self._build(tag, digest, context, dockerfile, deadline, what=what)
+            self.builds += 1
+            return tag
+
+    def _build(
+        self, tag: str, digest: str, context: Path, dockerfile: str, deadline: float, *, what: str
+    ) -> None:
+        import docker.errors
+
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SandboxBuildError(f"building {what}: build timeout exceeded before the build started")
+        log.info("building %s as %s", what, tag)
+        lines: list[str] = []
+        try:
+            stream = self.client.api.build(
+                path=str(context),
+                dockerfile=dockerfile,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                labels={HASH_LABEL: digest, "harbor-rl.image": "1"},
+                decode=True,
+                timeout=remaining,
+            )
+            for chunk in stream:
+                if "stream" in chunk:
+                    lines.append(chunk["stream"])
+                if "error" in chunk:
+                    raise SandboxBuildError(
+                        f"building {what} failed: {chunk['error'].strip()}\n{_tail(lines)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise SandboxBuildError(f"building {what} exceeded its build timeout\n{_tail(lines)}")
+        except docker.errors.APIError as exc:
+            raise SandboxBuildError(
+                f"building {what} failed: {exc.explanation or exc}\n{_tail(lines)}"
+            ) from exc
+        except OSError as exc:  # includes the HTTP read timeout
+            raise SandboxBuildError(f"building {what} failed or timed out: {exc}\n{_tail(lines)}") from exc
+
+    def _image_id(self, name: str) -> str:
+        import docker.errors
+
+        try:
+            return self.client.images.get(name).id
+        except docker.errors.ImageNotFound:
+            if name.startswith(BASE_IMAGE_PREFIX):
+                raise SandboxBuildError(
+                    f"base image {name} is missing; build it with docker/sandbox-base/build.sh"
+                ) from None
+            return "unresolved"  # the build will try to pull it and say why it failed
+
+    def _require_local(self, image: str, *, what: str) -> None:
+        if not self._exists(image):
+            hint = (
+                " (build it with docker/sandbox-base/build.sh)" if image.startswith(BASE_IMAGE_PREFIX) else ""
+            )
+            raise SandboxBuildError(f"{what}: image {image} is not present in the Docker engine{hint}")
+
+    def _exists(self, image: str) -> bool:
+        import docker.errors
+
+        try:
+            self.client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def _lock_for(self, key: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+
+def _tail(lines: list[str], limit: int = 3000) -> str:
+    return "".join(lines)[-limit:]

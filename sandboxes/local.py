@@ -1,0 +1,672 @@
+"""The `local` backend: a process per exec in a per-rollout folder, isolated with bubblewrap when present.
+
+Each rollout gets `ROOT/<name>-<id>/fs/`, whose top-level folders (`app`, `logs`, `tests`, `tmp`,
+`root`, ...) are bound at `/app`, `/logs`, ... inside a bwrap namespace, while the host's `/usr`,
+`/lib*` and `/etc` are bound read-only and stand in for the `harbor-rl/sandbox-base` image. So tasks
+see the same paths as in a container. Environment variables are cleared: only the image's `ENV`, the
+spec's env and a sane PATH/HOME enter, so host secrets never do.
+
+No isolation claims beyond that: the network is shared with the host (the capture proxy is reached on
+127.0.0.1) and there are no CPU or memory limits. Without bwrap commands run unisolated on the host
+with a clear warning, and absolute task paths such as `/app` do not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.dockerfile import (
+    Instruction,
+    parse_dockerfile,
+    parse_dockerfile_text,
+    parse_env_args,
+    substitute,
+)
+from sandboxes.errors import (
+    SandboxBuildError,
+    SandboxError,
+    SandboxPathError,
+    SandboxUnavailable,
+    UnsupportedEnvironment,
+)
+
+log = logging.getLogger(__name__)
+
+BASE_IMAGE_PREFIX = "harbor-rl/sandbox-base"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Host folders bound read-only (never writable, never upload/download targets).
+_SYSTEM_TOPS = frozenset(
+    {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "dev", "sys"}
+)
+# Folders every rollout gets, so the usual paths exist before the first upload.
+_DEFAULT_TOPS = ("app", "logs", "tests", "tmp", "root", "var/tmp")
+_SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
+_SUGGEST_DOCKER = "use `--sandbox docker` for this task"
+_MAX_SYMLINK_HOPS = 40
+
+Isolation = Literal["auto", "bwrap", "none"]
+
+
+def default_root() -> Path:
+    """Where per-rollout folders live: `$HARBOR_RL_RUNS_DIR/tmp/sandboxes` (default `runs/`)."""
+    return Path(os.environ.get("HARBOR_RL_RUNS_DIR", "runs")).resolve() / "tmp" / "sandboxes"
+
+
+class LocalBackend:
+    """Sandboxes that are folders on this machine plus bwrap namespaces."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: Path | str | None = None,
+        *,
+        isolation: Isolation = "auto",
+        max_output_bytes: int = 8 * 1024 * 1024,
+        host_python: bool = True,
+    ) -> None:
+        """`isolation`: auto uses bwrap when it works, bwrap requires it, none never uses it.
+        `host_python`: bind this interpreter's prefix read-only and put it first on PATH, so tests find
+        pytest even when the host's /usr/bin/python3 lacks it."""
+        self.root = Path(root).resolve() if root else default_root()
+        self.isolation = isolation
+        self.max_output_bytes = max_output_bytes
+        self.host_python = host_python
+        self._bwrap: bool | None = None
+
+    # -- protocol ---------------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        use_bwrap = await self._use_bwrap()
+        folder = self.root / f"{_safe_name(spec.name)}-{uuid.uuid4().hex[:8]}"
+        sandbox = LocalSandbox(spec, folder, use_bwrap=use_bwrap, backend=self)
+        try:
+            await asyncio.to_thread(sandbox._create_layout)
+            await _Provisioner(sandbox).run()
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
+
+    async def health(self) -> str:
+        if await self._use_bwrap():
+            return f"local: ready, bubblewrap isolation, folders under {self.root}"
+        return f"local: ready WITHOUT isolation (bwrap missing or unusable), folders under {self.root}"
+
+    async def sweep(self) -> int:
+        """Remove rollout folders whose owning process on this host is gone."""
+        return await asyncio.to_thread(self._sweep)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _sweep(self) -> int:
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for folder in self.root.iterdir():
+            owner = folder / "owner.json"
+            try:
+                data = json.loads(owner.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("host") == socket.gethostname() and _pid_alive(int(data.get("pid", 0))):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        return removed
+
+    async def _use_bwrap(self) -> bool:
+        if self._bwrap is None:
+            self._bwrap = await asyncio.to_thread(self._probe_bwrap)
+        return self._bwrap
+
+    def _probe_bwrap(self) -> bool:
+        if self.isolation == "none":
+            return False
+        path = shutil.which("bwrap")
+        problem = "bwrap (bubblewrap) is not installed" if path is None else None
+        if path is not None:
+            probe = subprocess.run(
+                [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if probe.returncode != 0:
+                problem = f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
+        if problem is None:
+            return True
+        if self.isolation == "bwrap":
+            raise SandboxUnavailable(f"local sandbox isolation was required but {problem}")
+        log.warning(
+            "%s: local sandboxes run UNISOLATED on the host, with the host's paths (no /app, /logs, "
+            "/tests); install bubblewrap (apt-get install bubblewrap) or use --sandbox docker",
+            problem,
+        )
+        return False
+
+
+class LocalSandbox:
+    """One rollout's folder; every exec is a fresh process tree over the same folders."""
+
+    def __init__(self, spec: SandboxSpec, folder: Path, *, use_bwrap: bool, backend: LocalBackend) -> None:
+        self.spec = spec
+        self.folder = folder
+        self.fs = folder / "fs"
+        self.use_bwrap = use_bwrap
+        self._backend = backend
+        self._image_env: dict[str, str] = {}
+        self._default_user: str | None = None
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._stopped = False
+
+    @property
+    def proxy_host(self) -> str:
+        # The network namespace is the host's, so the proxy is where the host sees it.
+        return "127.0.0.1"
+
+    # -- exec -------------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        command: str | list[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        self._check_running()
+        argv = ["bash", "-lc", command] if isinstance(command, str) else list(command)
+        if not argv:
+            raise SandboxError("exec needs a non-empty command")
+        workdir = self._absolute(cwd or self.spec.workdir)
+        full_env = self._environment(env)
+        uid, gid = self._resolve_user(user or self._default_user)
+        if self.use_bwrap:
+            top = PurePosixPath(workdir).parts[1:2]
+            if top and top[0] not in _SYSTEM_TOPS:  # system folders exist already, read-only
+                self._host_path(workdir).mkdir(parents=True, exist_ok=True)
+            args = self._bwrap_args(workdir, full_env, uid, gid) + ["--", *argv]
+            return await self._run(args, env={}, cwd=None, timeout_s=timeout_s)
+        if (uid, gid) != (os.getuid(), os.getgid()):
+            raise UnsupportedEnvironment(f"exec as user {user!r} needs bwrap isolation; {_SUGGEST_DOCKER}")
+        host_cwd = self._host_path(workdir, allow_root=True)
+        host_cwd.mkdir(parents=True, exist_ok=True)
+        return await self._run(argv, env=full_env, cwd=host_cwd, timeout_s=timeout_s)
+
+    async def _run(
+        self, argv: list[str], *, env: dict[str, str], cwd: Path | None, timeout_s: float | None
+    ) -> ExecResult:
+        started = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=cwd,
+                # Own process group: a timeout kills the whole tree (and with bwrap the pid namespace).
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            return ExecResult(exit_code=127, stderr=f"{exc}\n", duration_s=time.monotonic() - started)
+        self._procs.add(proc)
+        limit = self._backend.max_output_bytes
+        readers = [asyncio.create_task(_read_capped(s, limit)) for s in (proc.stdout, proc.stderr)]
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            timed_out = True
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            if timed_out or proc.returncode is None:
+                _kill_group(proc)
+                await proc.wait()
+            self._procs.discard(proc)
+        # Processes that left the group may still hold the pipes: do not wait for them forever.
+        done, pending = await asyncio.wait(readers, timeout=2.0)
+        for task in pending:
+            task.cancel()
+        _kill_group(proc)
+        out, err = (t.result() if t in done else "" for t in readers)
+        return ExecResult(
+            exit_code=None if timed_out else proc.returncode,
+            stdout=out,
+            stderr=err,
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+
+    def _bwrap_args(self, workdir: str, env: dict[str, str], uid: int, gid: int) -> list[str]:
+        args = [
+            "bwrap", "--unshare-all", "--share-net", "--die-with-parent", "--new-session",
+            "--hostname", _safe_name(self.spec.name)[:63],
+            "--ro-bind", "/usr", "/usr",
+        ]  # fmt: skip
+        for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = Path("/") / top
+            if host.is_symlink():
+                args += ["--symlink", os.readlink(host), str(host)]
+            elif host.is_dir():
+                args += ["--ro-bind", str(host), str(host)]
+        args += ["--ro-bind", "/etc", "/etc", "--ro-bind", str(self.folder / "profile"), "/etc/profile"]
+        for secret in _SECRET_FILES:
+            if os.path.exists(secret):
+                args += ["--ro-bind", "/dev/null", secret]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        for top in sorted(p.name for p in self.fs.iterdir() if p.is_dir() and not p.is_symlink()):
+            args += ["--bind", str(self.fs / top), f"/{top}"]
+        for prefix in self._python_prefixes():
+            args += ["--ro-bind", prefix, prefix]
+        args += ["--chdir", workdir, "--uid", str(uid), "--gid", str(gid), "--clearenv"]
+        for key, value in env.items():
+            args += ["--setenv", key, value]
+        return args
+
+    def _environment(self, extra: dict[str, str] | None) -> dict[str, str]:
+        env = {"PATH": self._default_path(), "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
+        env.update(self._image_env)
+        env.update(self.spec.env)
+        env.update(extra or {})
+        return env
+
+    def _default_path(self) -> str:
+        if not self.use_bwrap:
+            return DEFAULT_PATH
+        return ":".join([f"{p}/bin" for p in self._python_prefixes()] + [DEFAULT_PATH])
+
+    def _python_prefixes(self) -> list[str]:
+        if not (self._backend.host_python and self.use_bwrap):
+            return []
+        prefixes = []
+        for prefix in dict.fromkeys([sys.prefix, sys.base_prefix]):
+            top = PurePosixPath(prefix).parts[1] if len(PurePosixPath(prefix).parts) > 1 else ""
+            if top and top not in _SYSTEM_TOPS and Path(prefix, "bin").is_dir():
+                prefixes.append(prefix)
+        return prefixes
+
+    def _resolve_user(self, user: str | None) -> tuple[int, int]:
+        if user is None:
+            return (0, 0) if self.use_bwrap else (os.getuid(), os.getgid())
+        name, _, group = user.partition(":")
+        try:
+            entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+            uid, gid = entry.pw_uid, entry.pw_gid
+        except KeyError:
+            if not name.isdigit():
+                raise SandboxError(f"unknown user {user!r} (not in /etc/passwd)") from None
+            uid = gid = int(name)
+        if group:
+            if not group.isdigit():
+                raise SandboxError(f"user {user!r}: give the group as a number")
+            gid = int(group)
+        return uid, gid
+
+    # -- files ------------------------------------------------------------------------------------
+
+    async def upload_file(self, data: bytes | Path, remote_path: str) -> None:
+        self._check_running()
+        remote = self._absolute(remote_path)
+        parent, name = posixpath.split(remote)
+        if parent == "/":
+            raise SandboxPathError(f"{remote_path}: files cannot be written at the sandbox root")
+        await asyncio.to_thread(_write_file, data, self._host_path(parent) / name)
+
+    async def upload_dir(self, local_dir: Path, remote_dir: str) -> None:
+        self._check_running()
+        if not Path(local_dir).is_dir():
+            raise SandboxError(f"upload_dir: {local_dir} is not a folder")
+        await asyncio.to_thread(self._upload_tree, Path(local_dir), self._absolute(remote_dir))
+
+    def _upload_tree(self, local_dir: Path, remote_dir: str) -> None:
+        """Copy a host folder in, resolving every destination the sandbox's way.
+
+        A plain copytree would follow a symlink the agent planted at a destination path
+        (`/tests/test.sh -> /etc/passwd` means the HOST's file to the host) and write through it."""
+        for root, dirs, files in os.walk(local_dir):
+            relative = os.path.relpath(root, local_dir)
+            remote_root = posixpath.normpath(posixpath.join(remote_dir, relative))
+            host_root = self._host_path(remote_root)
+            host_root.mkdir(parents=True, exist_ok=True)
+            for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
+                source = Path(root, name)
+                if source.is_symlink():
+                    link = host_root / name
+                    if link.is_symlink() or link.is_file():
+                        link.unlink()
+                    link.symlink_to(os.readlink(source))
+                    continue
+                _write_file(source, host_root / name)
+
+    async def download_file(self, remote_path: str) -> bytes:
+        self._check_running()
+        source = self._host_path(self._absolute(remote_path))
+        if not source.is_file():
+            raise FileNotFoundError(f"{remote_path} is not a file in sandbox {self.spec.name}")
+        return await asyncio.to_thread(source.read_bytes)
+
+    async def download_dir(self, remote_dir: str, local_dir: Path) -> None:
+        self._check_running()
+        source = self._host_path(self._absolute(remote_dir))
+        if not source.is_dir():
+            raise FileNotFoundError(f"{remote_dir} is not a folder in sandbox {self.spec.name}")
+        await asyncio.to_thread(copy_tree_safely, source, Path(local_dir))
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for proc in list(self._procs):
+            _kill_group(proc)
+        await asyncio.to_thread(shutil.rmtree, self.folder, True)
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    def _absolute(self, path: str) -> str:
+        joined = posixpath.join(self.spec.workdir, path)
+        return posixpath.normpath(joined) if joined.startswith("/") else posixpath.normpath("/" + joined)
+
+    def _host_path(self, remote: str, *, allow_root: bool = False) -> Path:
+        """Map an absolute sandbox path to the host, following symlinks the way the sandbox would.
+
+        Absolute link targets restart at the sandbox root, so nothing resolves outside `fs/`; the
+        host's read-only system folders are refused because they are not the sandbox's to write."""
+        todo = list(PurePosixPath(remote).parts[1:])
+        current = self.fs
+        hops = 0
+        while todo:
+            part = todo.pop(0)
+            if part in ("", "."):
+                continue
+            if part == "..":
+                current = current.parent if current != self.fs else current
+                continue
+            candidate = current / part
+            if candidate.is_symlink():
+                hops += 1
+                if hops > _MAX_SYMLINK_HOPS:
+                    raise SandboxPathError(f"{remote}: too many levels of symbolic links")
+                target = PurePosixPath(os.readlink(candidate))
+                if target.is_absolute():
+                    current, todo = self.fs, list(target.parts[1:]) + todo
+                else:
+                    todo = list(target.parts) + todo
+                continue
+            current = candidate
+        relative = current.relative_to(self.fs)
+        if not relative.parts:
+            if allow_root:
+                return current
+            raise SandboxPathError(f"{remote}: the sandbox root itself cannot be read or written")
+        if relative.parts[0] in _SYSTEM_TOPS:
+            raise SandboxPathError(
+                f"{remote}: /{relative.parts[0]} is the host's read-only system folder in a local sandbox"
+            )
+        return current
+
+    def _create_layout(self) -> None:
+        self.fs.mkdir(parents=True)
+        for top in _DEFAULT_TOPS:
+            (self.fs / top).mkdir(parents=True, exist_ok=True)
+        self._host_path(self._absolute(self.spec.workdir)).mkdir(parents=True, exist_ok=True)
+        (self.folder / "owner.json").write_text(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+        )
+        # `bash -l` sources /etc/profile, which resets PATH; keep the host Python first on it.
+        profile = Path("/etc/profile").read_text() if Path("/etc/profile").is_file() else ""
+        prefixes = ":".join(f"{p}/bin" for p in self._python_prefixes())
+        if prefixes:
+            profile += f'\n# harbor-rl local sandbox: the host Python stands in for the base image\nexport PATH="{prefixes}:$PATH"\n'
+        (self.folder / "profile").write_text(profile)
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise SandboxError(f"sandbox {self.spec.name} is stopped")
+
+
+class _Provisioner:
+    """Apply the safe subset of a task Dockerfile (and harness layers) to a fresh local sandbox."""
+
+    _IGNORED = frozenset(
+        {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "MAINTAINER", "STOPSIGNAL", "HEALTHCHECK", "VOLUME"}
+    )
+
+    def __init__(self, sandbox: LocalSandbox) -> None:
+        self.sandbox = sandbox
+        self.spec = sandbox.spec
+        self.workdir = "/"
+        self.variables: dict[str, str] = {}
+        self.deadline = time.monotonic() + self.spec.build_timeout_s
+
+    async def run(self) -> None:
+        spec = self.spec
+        if spec.environment_dir is None:
+            if spec.docker_image and not spec.docker_image.startswith(BASE_IMAGE_PREFIX):
+                raise UnsupportedEnvironment(
+                    f"the local backend cannot run image {spec.docker_image!r}; {_SUGGEST_DOCKER}"
+                )
+        else:
+            dockerfile_path = Path(spec.environment_dir) / "Dockerfile"
+            if not dockerfile_path.is_file():
+                raise SandboxBuildError(f"{dockerfile_path} does not exist")
+            dockerfile = parse_dockerfile(dockerfile_path)
+            await self._apply(dockerfile.instructions, Path(spec.environment_dir), dockerfile_path, task=True)
+        for layer in spec.image_layers:
+            where = Path(f"<layer {layer.name}>")
+            instructions = parse_dockerfile_text("\n".join(layer.dockerfile_lines), where).instructions
+            context = Path(layer.context_dir) if layer.context_dir else None
+            await self._apply(instructions, context, where, task=False)
+
+    async def _apply(
+        self, instructions: Iterable[Instruction], context: Path | None, where: Path, *, task: bool
+    ):
+        seen_from = not task
+        for ins in instructions:
+            loc = f"{where}:{ins.line}"
+            kw = ins.keyword
+            if kw == "FROM":
+                self._from(ins, loc, seen_from)
+                seen_from = True
+            elif kw == "ARG":
+                name, sep, default = ins.args.strip().partition("=")
+                self.variables.setdefault(name.strip(), substitute(default, self.variables) if sep else "")
+            elif not seen_from:
+                raise UnsupportedEnvironment(f"{loc}: {kw} before FROM")
+            elif kw == "ENV":
+                values = {k: substitute(v, self.variables) for k, v in parse_env_args(ins.args).items()}
+                self.variables.update(values)
+                self.sandbox._image_env.update(values)
+            elif kw == "WORKDIR":
+                self.workdir = posixpath.normpath(
+                    posixpath.join(self.workdir, substitute(ins.args.strip(), self.variables))
+                )
+                try:
+                    self.sandbox._host_path(self.workdir).mkdir(parents=True, exist_ok=True)
+                except SandboxPathError as exc:
+                    raise UnsupportedEnvironment(f"{loc}: {exc}; {_SUGGEST_DOCKER}") from None
+            elif kw in ("COPY", "ADD"):
+                await asyncio.to_thread(self._copy, ins, context, loc)
+            elif kw == "RUN":
+                await self._run(ins, loc)
+            elif kw == "USER":
+                self.sandbox._default_user = substitute(ins.args.strip(), self.variables) or None
+            elif kw in self._IGNORED:
+                continue
+            else:
+                raise UnsupportedEnvironment(
+                    f"{loc}: {kw} is not supported by the local sandbox; {_SUGGEST_DOCKER}"
+                )
+
+    def _from(self, ins: Instruction, loc: str, seen_from: bool) -> None:
+        if seen_from:
+            raise UnsupportedEnvironment(
+                f"{loc}: multi-stage builds are not supported locally; {_SUGGEST_DOCKER}"
+            )
+        words = ins.words()
+        image = substitute(words[0], self.variables) if words else ""
+        if not image.startswith(BASE_IMAGE_PREFIX + ":") and image != BASE_IMAGE_PREFIX:
+            raise UnsupportedEnvironment(
+                f"{loc}: FROM {image} - the local sandbox only stands in for {BASE_IMAGE_PREFIX}:*; {_SUGGEST_DOCKER}"
+            )
+
+    def _copy(self, ins: Instruction, context: Path | None, loc: str) -> None:
+        if "from" in ins.flags:
+            raise UnsupportedEnvironment(f"{loc}: COPY --from needs a real build; {_SUGGEST_DOCKER}")
+        words = [substitute(w, self.variables) for w in ins.words()]
+        if len(words) < 2:
+            raise SandboxBuildError(f"{loc}: {ins.keyword} needs a source and a destination")
+        if context is None:
+            raise SandboxBuildError(f"{loc}: {ins.keyword} without a build context")
+        *sources, dest = words
+        if any("://" in s or s.startswith("git@") for s in sources):
+            raise UnsupportedEnvironment(f"{loc}: ADD from a URL is not supported locally; {_SUGGEST_DOCKER}")
+        root = context.resolve()
+        matched: list[Path] = []
+        for source in sources:
+            found = (
+                sorted(root.glob(source.lstrip("/")))
+                if any(c in source for c in "*?[")
+                else [root / source.lstrip("/")]
+            )
+            for path in found:
+                resolved = path.resolve()
+                if resolved != root and root not in resolved.parents:
+                    raise SandboxPathError(f"{loc}: {source} escapes the build context {root}")
+                if not resolved.exists():
+                    raise SandboxBuildError(f"{loc}: {source} not found in the build context {root}")
+                matched.append(resolved)
+        dest_abs = posixpath.normpath(posixpath.join(self.workdir, dest))
+        try:
+            target = self.sandbox._host_path(dest_abs)
+        except SandboxPathError as exc:
+            raise UnsupportedEnvironment(f"{loc}: {exc}; {_SUGGEST_DOCKER}") from None
+        into_dir = dest.endswith("/") or len(matched) > 1 or target.is_dir()
+        mode = int(ins.flags["chmod"], 8) if ins.flags.get("chmod") else None
+        for source in matched:
+            if source.is_dir():
+                shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+                continue
+            if ins.keyword == "ADD" and tarfile.is_tarfile(source):
+                target.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(source) as archive:
+                    archive.extractall(target, filter="data")
+                continue
+            file_target = target / source.name if into_dir else target
+            file_target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, file_target)
+            if mode is not None:
+                file_target.chmod(mode)
+
+    async def _run(self, ins: Instruction, loc: str) -> None:
+        command = ins.words() if ins.is_exec_form() else ["/bin/sh", "-c", ins.args]
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise SandboxBuildError(f"{loc}: build timeout of {self.spec.build_timeout_s:.0f}s exceeded")
+        result = await self.sandbox.exec(
+            command, timeout_s=remaining, cwd=self.workdir, user=self.sandbox._default_user
+        )
+        if result.timed_out:
+            raise SandboxBuildError(
+                f"{loc}: RUN exceeded the build timeout of {self.spec.build_timeout_s:.0f}s"
+            )
+        if result.exit_code != 0:
+            tail = (result.stdout + result.stderr)[-2000:]
+            raise SandboxBuildError(f"{loc}: RUN exited with {result.exit_code}:\n{tail}")
+
+
+async def _read_capped(stream: asyncio.StreamReader | None, limit: int) -> str:
+    if stream is None:
+        return ""
+    chunks: list[bytes] = []
+    kept = dropped = 0
+    while chunk := await stream.read(65536):
+        if kept < limit:
+            piece = chunk[: limit - kept]
+            chunks.append(piece)
+            kept += len(piece)
+            dropped += len(chunk) - len(piece)
+        else:
+            dropped += len(chunk)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    return text + (f"\n[... {dropped} bytes of output dropped]\n" if dropped else "")
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def copy_tree_safely(source: Path, dest: Path) -> None:
+    """Copy a sandbox folder out, keeping only symlinks that stay inside it.
+
+    A link the agent planted (`/app/out -> /etc/shadow`) means something else on the host: it is
+    neither followed nor recreated, so nothing of the host's comes out or is pointed at."""
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        dropped = set()
+        for name in names:
+            path = Path(folder, name)
+            if path.is_symlink() and not _link_stays_inside(path, source):
+                log.warning("download: skipping symlink %s -> %s (points outside)", path, os.readlink(path))
+                dropped.add(name)
+        return dropped
+
+    shutil.copytree(source, dest, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+
+
+def _link_stays_inside(link: Path, root: Path) -> bool:
+    target = os.readlink(link)
+    if target.startswith("/"):
+        return False
+    resolved = posixpath.normpath(posixpath.join(str(link.parent), target))
+    return resolved == str(root) or resolved.startswith(str(root) + "/")
+
+
+def _write_file(data: bytes | Path, target: Path) -> None:
+    """Write a regular file at `target`; a symlink there is replaced, never written through (like tar)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()
+    if isinstance(data, Path):
+        shutil.copyfile(data, target)
+    else:
+        target.write_bytes(data)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip(".-") or "sandbox"
