@@ -1,0 +1,104 @@
+"""What `harbor engine` serves and the loaded state behind the app (model, tokenizer, batching loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from trainer.engine.errors import ModelNotFound
+from trainer.engine.protocol import Defaults, TokenNamer
+from trainer.engine.scheduler import BatchScheduler
+from trainer.engine.weight_transfer import WeightReceiver
+
+VERSION_HEADER = "x-policy-version"
+
+
+class EngineConfig(BaseModel):
+    """How `harbor engine` serves a model."""
+
+    model: str = "tiny"
+    """`tiny` (built locally for `seed`) or a local Hugging Face model folder."""
+    served_model_name: str | None = None
+    """Name clients send as `model`; defaults to `model`, as in vLLM."""
+    seed: int = 0
+    """Seed of the tiny model (ignored for a model folder)."""
+    cache_dir: str | None = None
+    """Where the tiny model is built; default `$HARBOR_CACHE_DIR` or `~/.cache/harbor-rl`."""
+    max_model_len: int | None = None
+    """Prompt + completion tokens per request; default the model's max_position_embeddings."""
+    return_tokens_as_token_ids: bool = False
+    """Logprob tokens read `token_id:N` (vLLM's --return-tokens-as-token-ids)."""
+    num_threads: int = 1
+    """torch CPU threads for the generation loop (one suits a tiny model: more threads spin at barriers
+    when the CPU is shared)."""
+    max_batch_size: int = 64
+    """Sequences decoded together in one step; more wait in the queue."""
+    dtype: str = "float32"
+    weight_transfer_timeout_s: float = 300.0
+    """How long a weight-transfer collective may wait for the trainer."""
+
+
+@dataclasses.dataclass
+class EngineState:
+    config: EngineConfig
+    served_name: str
+    model_path: Path
+    tokenizer: Any
+    scheduler: BatchScheduler
+    receiver: WeightReceiver
+    defaults: Defaults
+    namer: TokenNamer
+    max_model_len: int
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.served_name:
+            raise ModelNotFound(name)
+
+
+def _generation_defaults(path: Path) -> tuple[Defaults, list[int]]:
+    try:
+        raw = json.loads((path / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return Defaults(), []
+    eos = raw.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+    known = {k: raw[k] for k in ("max_new_tokens", "temperature", "top_p", "top_k") if raw.get(k) is not None}
+    return Defaults(**known), eos_ids
+
+
+def load_engine(config: EngineConfig) -> EngineState:
+    """Resolve and load the model, and build (not start) the batching loop."""
+    import torch
+
+    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+
+    torch.set_num_threads(config.num_threads)
+    path = resolve_model_path(config.model, config.seed, config.cache_dir)
+    model, tokenizer = load_model_and_tokenizer(path, config.dtype)
+    limit = getattr(model.config, "max_position_embeddings", None) or 4096
+    max_model_len = min(config.max_model_len or limit, limit)
+    defaults, eos_ids = _generation_defaults(path)
+    if tokenizer.eos_token_id is not None:
+        eos_ids = sorted({*eos_ids, tokenizer.eos_token_id})
+    scheduler = BatchScheduler(
+        model,
+        tokenizer,
+        max_model_len=max_model_len,
+        eos_token_ids=eos_ids,
+        max_batch_size=config.max_batch_size,
+    )
+    return EngineState(
+        config=config,
+        served_name=config.served_model_name or config.model,
+        model_path=path,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        receiver=WeightReceiver(scheduler, timeout_s=config.weight_transfer_timeout_s),
+        defaults=defaults,
+        namer=TokenNamer(tokenizer, config.return_tokens_as_token_ids),
+        max_model_len=max_model_len,
+    )

@@ -1,0 +1,364 @@
+"""The batching generation loop: every active sequence advances one token per model forward.
+
+A background thread owns the model. New requests are prefilled one by one (exact, no padding), then
+join the running batch, whose KV cache is kept as one left-padded tensor per layer with an attention
+mask. Each decode step feeds the last token of every running sequence in a single forward pass, so 16
+agents cost one batched step, not 16. Results go back to each request's asyncio queue through
+`call_soon_threadsafe`; the HTTP side never touches torch.
+
+Pausing follows vLLM's modes: `abort` ends every in-flight request (finish_reason "abort"), `wait`
+stops admitting and waits for running requests to finish, `keep` freezes them until resume. Weights
+are swapped only between steps (under the step lock), so a step never mixes two weight versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from trainer.engine.errors import BadRequest, EngineStopped
+from trainer.engine.sampling import SamplingSettings, processed_logprobs, sample, top_alternatives
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+@dataclass
+class TokenEvent:
+    """One step of one sequence, as the HTTP side sees it."""
+
+    token_id: int | None
+    """None only on an abort event."""
+    logprob: float | None
+    top: list[tuple[int, float]]
+    text: str
+    """The whole completion text so far (stop strings already cut)."""
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request in flight: its prompt, settings, what it produced, and its delivery queue."""
+
+    prompt_ids: list[int]
+    settings: SamplingSettings
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    version: int | None = None
+    """Weight version when the sequence was admitted (its first token was sampled)."""
+    cancelled: bool = False
+    finished: bool = False
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.settings.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.settings.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
+
+    def emit(self, event: TokenEvent) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None):
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers 4.x
+
+
+class BatchScheduler:
+    """Owns the model and runs the generation loop in one background thread."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_model_len: int,
+        eos_token_ids: list[int],
+        max_batch_size: int = 64,
+        max_prefill_tokens: int = 4096,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.version = 0
+        self.stats = {"steps": 0, "max_batch": 0, "tokens": 0}
+        self._cache_kw = _cache_kwarg(model)
+        self._cond = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._pending: collections.deque[Sequence] = collections.deque()
+        self._paused = False
+        self._draining = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # The running batch: one row per sequence, KV tensors [B, heads, L, dim] per layer.
+        self._rows: list[Sequence] = []
+        self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._mask = torch.zeros(0, 0, dtype=torch.long)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="harbor-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._step_lock:
+            self._abort_all()
+
+    # ---- requests (called from the event loop) ----------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        if self._stopping:
+            raise EngineStopped("the engine is shutting down")
+        if len(seq.prompt_ids) >= self.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request "
+                f"has {len(seq.prompt_ids)} input tokens. Please reduce the length of the input messages.",
+                param="messages",
+            )
+        with self._cond:
+            self._pending.append(seq)
+            self._cond.notify_all()
+
+    def cancel(self, seq: Sequence) -> None:
+        """The client went away: drop the sequence at the next step, emitting nothing more."""
+        seq.cancelled = True
+
+    # ---- pause / resume / weights (blocking; call through asyncio.to_thread) -----------------------
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def num_running(self) -> int:
+        """Sequences in the running batch (admitted and not finished)."""
+        return len(self._rows)
+
+    def pause(self, mode: PauseMode) -> None:
+        if mode == "wait":
+            with self._cond:
+                self._draining = True
+            while self._rows:
+                time.sleep(0.005)
+        with self._cond:
+            self._paused = True
+            self._draining = False
+        with self._step_lock:  # returns only once no step is running
+            if mode == "abort":
+                self._abort_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._draining = False
+            self._cond.notify_all()
+
+    def apply_weights(self, apply: Callable[[torch.nn.Module], None]) -> int:
+        """Run `apply(model)` between steps and bump the weight version; returns the new version."""
+        with self._step_lock, torch.no_grad():
+            apply(self.model)
+            self.version += 1
+            return self.version
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not self._stopping and (
+                    self._paused or (not self._rows and (self._draining or not self._pending))
+                ):
+                    self._cond.wait(timeout=0.5)
+                if self._stopping:
+                    return
+                admit = self._take_admissions()
+            with self._step_lock:
+                if self._paused:  # paused between the check above and here: admit later
+                    with self._cond:
+                        self._pending.extendleft(reversed(admit))
+                    continue
+                try:
+                    self._step(admit)
+                except Exception as exc:  # a failed step must not kill the server: fail its requests
+                    log.exception("generation step failed")
+                    self._fail_all(admit, exc)
+
+    def _take_admissions(self) -> list[Sequence]:
+        """Pending sequences to prefill this step (call with `_cond` held): room in the batch, and at
+        most `max_prefill_tokens` prompt tokens (always at least one sequence), so a burst of long
+        prompts delays the running sequences by a bounded amount per step, as vLLM's token budget does."""
+        admit: list[Sequence] = []
+        budget = self.max_prefill_tokens
+        while self._pending and not self._draining and len(self._rows) + len(admit) < self.max_batch_size:
+            size = len(self._pending[0].prompt_ids)
+            if admit and size > budget:
+                break
+            admit.append(self._pending.popleft())
+            budget -= size
+        return admit
+
+    def _step(self, admit: list[Sequence]) -> None:
+        with torch.inference_mode():
+            for seq in admit:
+                if not seq.cancelled:
+                    self._prefill(seq)
+            self._drop_rows([i for i, s in enumerate(self._rows) if s.cancelled])
+            if self._rows:
+                self._decode()
+
+    def _forward(self, input_ids, cache_layers, **kwargs):
+        cache = _make_cache(cache_layers)
+        out = self.model(
+            input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}, **kwargs
+        )
+        return out.logits[:, -1, :], _cache_tensors(cache)
+
+    def _prefill(self, seq: Sequence) -> None:
+        logits, kv = self._forward(torch.tensor([seq.prompt_ids]), None)
+        seq.version = self.version
+        if not self._advance(seq, logits[0]):
+            self._add_row(seq, kv)
+
+    def _decode(self) -> None:
+        batch = len(self._rows)
+        input_ids = torch.tensor([[s.generated[-1]] for s in self._rows])
+        positions = torch.tensor([[s.num_tokens - 1] for s in self._rows])
+        mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        logits, self._kv = self._forward(input_ids, self._kv, attention_mask=mask, position_ids=positions)
+        self._mask = mask
+        self.stats["steps"] += 1
+        self.stats["max_batch"] = max(self.stats["max_batch"], batch)
+        done = [i for i, seq in enumerate(self._rows) if self._advance(seq, logits[i])]
+        self._drop_rows(done)
+
+    def _advance(self, seq: Sequence, logits: torch.Tensor) -> bool:
+        """Sample the next token of `seq`, emit it, and say whether the sequence finished."""
+        s = seq.settings
+        logprobs = processed_logprobs(logits, s)
+        token = sample(logprobs, s, seq.generator)
+        seq.generated.append(token)
+        self.stats["tokens"] += 1
+        top = top_alternatives(logprobs, s.logprobs) if s.logprobs else []
+        finish, stop_reason = self._finish_reason(seq, token)
+        seq.finished = finish is not None
+        seq.emit(TokenEvent(token, float(logprobs[token]), top, seq.text, finish, stop_reason))
+        return seq.finished
+
+    def _finish_reason(self, seq: Sequence, token: int) -> tuple[str | None, str | int | None]:
+        s = seq.settings
+        previous = len(seq.text)
+        seq.text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        if token in s.stop_token_ids:
+            return "stop", token
+        if token in self.eos_token_ids and not s.ignore_eos:
+            return "stop", None
+        for stop in s.stop:
+            at = seq.text.find(stop, max(0, previous - len(stop)))
+            if at >= 0:
+                seq.text = seq.text[: at + len(stop)] if s.include_stop_str_in_output else seq.text[:at]
+                return "stop", stop
+        if len(seq.generated) >= s.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    # ---- batch bookkeeping -------------------------------------------------------------------------
+
+    def _add_row(self, seq: Sequence, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        length = kv[0][0].shape[2]
+        if not self._rows:
+            self._rows, self._kv = [seq], kv
+            self._mask = torch.ones(1, length, dtype=torch.long)
+            return
+        total = max(length, self._mask.shape[1])
+
+        def left_pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = total - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        self._kv = [
+            (torch.cat([left_pad(k0, 2), left_pad(k1, 2)]), torch.cat([left_pad(v0, 2), left_pad(v1, 2)]))
+            for (k0, v0), (k1, v1) in zip(self._kv, kv, strict=True)
+        ]
+        new_mask = torch.ones(1, length, dtype=torch.long)
+        self._mask = torch.cat([left_pad(self._mask, 1), left_pad(new_mask, 1)])
+        self._rows.append(seq)
+        self.stats["max_batch"] = max(self.stats["max_batch"], len(self._rows))
+
+    def _drop_rows(self, drop: list[int]) -> None:
+        if not drop:
+            return
+        keep = [i for i in range(len(self._rows)) if i not in set(drop)]
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._kv, self._mask = [], torch.zeros(0, 0, dtype=torch.long)
+            return
+        index = torch.tensor(keep)
+        mask = self._mask.index_select(0, index)
+        # Columns that are padding in every remaining row are dead weight: cut them.
+        start = int((mask.sum(0) > 0).nonzero()[0])
+        self._mask = mask[:, start:]
+        self._kv = [
+            (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+            for k, v in self._kv
+        ]
+
+    def _abort_all(self) -> None:
+        with self._cond:
+            pending, self._pending = list(self._pending), collections.deque()
+        for seq in itertools.chain(self._rows, pending):
+            if not seq.finished:
+                seq.finished = True
+                seq.emit(TokenEvent(None, None, [], seq.text, "abort", None))
+        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long)
+
+    def _fail_all(self, admitted: list[Sequence], exc: Exception) -> None:
+        message = f"generation failed: {type(exc).__name__}: {exc}"
+        for seq in itertools.chain(self._rows, admitted):
+            if not seq.finished:
+                seq.finished = True
+                seq.emit(TokenEvent(None, None, [], message, "error", None))
+        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long)
