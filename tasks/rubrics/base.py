@@ -207,7 +207,9 @@ class Rubric:
 
 
 def _copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list | tuple) else dict(value) if isinstance(value, dict) else value
+    return (
+        list(value) if isinstance(value, list | tuple) else dict(value) if isinstance(value, dict) else value
+    )
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -127,7 +127,9 @@ class RubricList(_Container):
         self._rubric_list.append(rubric)
 
     def forward(self, action: Any, observation: Any) -> Score:
-        raise RubricCallError("RubricList is a container: call its members, or wrap them in WeightedSum/Sequential")
+        raise RubricCallError(
+            "RubricList is a container: call its members, or wrap them in WeightedSum/Sequential"
+        )
 
     def __len__(self) -> int:
         return len(self._rubric_list)

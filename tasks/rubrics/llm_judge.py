@@ -61,7 +61,9 @@ class LLMJudge(Rubric):
     def parse(self, reply: str) -> float:
         match = self.score_pattern.search(reply)
         if match is None:
-            raise JudgeError(f"the judge's reply holds no score matching {self.score_pattern.pattern!r}: {reply!r}")
+            raise JudgeError(
+                f"the judge's reply holds no score matching {self.score_pattern.pattern!r}: {reply!r}"
+            )
         return min(1.0, max(0.0, float(match.group(1)) / self.max_score))
 
     async def forward(self, action: Any, observation: Any) -> Score:

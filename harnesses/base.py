@@ -1,0 +1,67 @@
+"""The harness protocol: how one agent is installed, pointed at the capture proxy, and run.
+
+A harness is one small module. It says what it adds to a task's sandbox image (installed once, cached
+with the image, never at every rollout), and how to run the agent inside a started sandbox against
+an OpenAI base URL and session key. The server owns everything else: sessions, sandboxes, verification.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes.base import ImageLayer
+
+if TYPE_CHECKING:
+    from sandboxes.base import Sandbox
+
+
+class AgentRun(BaseModel):
+    """Everything a harness needs to run one rollout inside a started sandbox."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    instruction: str
+    """The task's instruction.md text, given to the agent verbatim."""
+    base_url: str
+    """OpenAI base URL of the capture proxy as seen from inside the sandbox (ends in /v1)."""
+    api_key: str
+    """The capture session key; the only credential the agent ever sees."""
+    model: str
+    workdir: str = "/app"
+    timeout_s: float = 600.0
+    """Agent wall-clock limit in seconds."""
+    step_limit: int = 0
+    """Most model calls the agent may make; 0 means no limit (the proxy enforces it too)."""
+    purpose: Literal["train", "eval"] = "train"
+    solution_dir: Path | None = None
+    """The task's solution/ folder on the host (only the oracle harness uses it)."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentOutcome(BaseModel):
+    """What the harness reports after the agent stopped (the verifier runs afterwards, elsewhere)."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    error: str | None = None
+    """Why the harness itself failed (not the agent's task failure)."""
+    tool_calls_by_name: dict[str, int] = Field(default_factory=dict)
+    tool_failures: int = 0
+    log_tail: str = ""
+    """Last part of the agent's output, for the inspector."""
+
+
+@runtime_checkable
+class Harness(Protocol):
+    name: str
+
+    def image_layer(self) -> ImageLayer | None:
+        """What to add to the task image; None when the harness needs nothing installed."""
+        ...
+
+    async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
+        """Run the agent to completion (or timeout) inside `sandbox`. Never raises for agent failures."""
+        ...
