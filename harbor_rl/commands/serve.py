@@ -1,0 +1,188 @@
+"""`harbor serve`: the rollout server (trainer-facing API + sandbox-facing capture port)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def serve(
+    dataset: list[str] = typer.Option(
+        ["builtin"],
+        "--dataset",
+        help="Task dataset: builtin, a folder of tasks, or hf:REPO\\[@split]. Repeatable.",
+    ),
+    llm_url: str | None = typer.Option(
+        None, "--llm-url", help="Engine OpenAI base URL (vLLM or `harbor engine`); rollouts may override it."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Model name the engine serves; rollouts may override it."
+    ),
+    llm_api_key: str | None = typer.Option(
+        None, "--llm-api-key", envvar="HARBOR_LLM_API_KEY", help="Key sent to the engine (never to an agent)."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface of the trainer-facing API."),
+    port: int = typer.Option(8200, "--port", help="Port of the trainer-facing API."),
+    capture_host: str = typer.Option(
+        "0.0.0.0",
+        "--capture-host",
+        help="Interface of the capture port (containers reach it via the bridge).",
+    ),
+    capture_port: int = typer.Option(
+        8300, "--capture-port", help="Port sandboxes' agents call the model on."
+    ),
+    sandbox: str = typer.Option("local", "--sandbox", help="Default sandbox backend: docker, e2b or local."),
+    expose: str = typer.Option(
+        "none", "--expose", help="How remote (E2B) sandboxes reach the capture port: direct, gradio or none."
+    ),
+    public_url: str | None = typer.Option(
+        None,
+        "--public-url",
+        help="URL at which remote sandboxes reach the capture port (with --expose direct).",
+    ),
+    store: str | None = typer.Option(
+        None, "--store", help="Trace store URL (default sqlite:///<runs dir>/traces.db)."
+    ),
+    max_concurrent_envs: int | None = typer.Option(
+        None, "--max-concurrent-envs", envvar="MAX_CONCURRENT_ENVS", help="Most live rollouts; past it 429."
+    ),
+    skip_engine_check: bool = typer.Option(
+        False, "--skip-engine-check", help="Do not probe the engine at start-up."
+    ),
+    require_engine: bool = typer.Option(
+        False,
+        "--require-engine",
+        help="Refuse to start when the engine probe fails (default: report and serve).",
+    ),
+) -> None:
+    """Serve Harbor task datasets: launch agent rollouts in sandboxes, capture their model calls, verify."""
+    import asyncio
+
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from harbor_server.config import ServeConfig
+
+    console = Console(stderr=True)
+    values = {
+        "datasets": dataset,
+        "llm_url": llm_url,
+        "model": model,
+        "llm_api_key": llm_api_key,
+        "host": host,
+        "port": port,
+        "capture_host": capture_host,
+        "capture_port": capture_port,
+        "sandbox": sandbox,
+        "expose": expose,
+        "public_url": public_url,
+        "store_url": store,
+        "check_engine": not skip_engine_check,
+        "require_engine": require_engine,
+    }
+    if max_concurrent_envs is not None:
+        values["max_concurrent_envs"] = max_concurrent_envs
+    try:
+        config = ServeConfig(**values)
+    except (ValidationError, ValueError) as exc:
+        raise typer.BadParameter(_config_error(exc)) from exc
+    code = asyncio.run(_serve(config, console))
+    raise typer.Exit(code)
+
+
+def _config_error(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
+    return str(exc)
+
+
+async def _serve(config, console) -> int:
+    from capture_proxy.errors import StoreError
+    from harbor_server.errors import HarborServerError
+    from harbor_server.server import HarborServer
+    from tasks.errors import TaskError
+
+    server = HarborServer(config)
+    try:
+        await server.start()
+    except (HarborServerError, TaskError, StoreError) as exc:
+        console.print(f"[bold red]harbor serve cannot start:[/] {exc}")
+        return 1
+    try:
+        _print_summary(server, console)
+        await server.run_http()
+    except HarborServerError as exc:
+        console.print(f"[bold red]harbor serve stopped:[/] {exc}")
+        return 1
+    finally:
+        await server.stop()
+    return 0
+
+
+def _print_summary(server, console) -> None:
+    from rich.table import Table
+
+    from capture_proxy.store.engine import redact
+
+    config = server.config
+    datasets = Table(title="datasets", title_justify="left")
+    for column in ("split", "tasks", "source"):
+        datasets.add_column(column)
+    for split, data in server.manager.datasets.items():
+        datasets.add_row(split, str(len(data)), data.source)
+    sandboxes = Table(title="sandboxes", title_justify="left")
+    for column in ("backend", "ready", "detail"):
+        sandboxes.add_column(column)
+    for info in server.sandboxes:
+        name = info.name + (" (default)" if info.name == config.sandbox else "")
+        sandboxes.add_row(name, "[green]yes[/]" if info.healthy else "[red]no[/]", info.detail)
+    console.print(datasets, sandboxes)
+    console.print(f"[bold]harnesses:[/] {', '.join(server.manager.harnesses())}")
+    _print_engine(server.engine, config, console)
+    console.print(
+        f"[bold]trainer API:[/] http://{config.host}:{config.port}  (OpenAPI: /docs)   "
+        f"[bold]capture port:[/] {config.capture_host}:{config.capture_port}"
+        + (f" = {config.public_url}" if config.public_url else "")
+    )
+    console.print(
+        f"[bold]store:[/] {redact(server.store_url)}   [bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
+    )
+    for backend, count in server.swept.items():
+        console.print(f"[yellow]removed {count} leftover {backend} sandbox(es) of a previous run[/]")
+    if server.orphans_marked:
+        console.print(
+            f"[yellow]marked {server.orphans_marked} rollout(s) a previous server left running as failed[/]"
+        )
+    if config.sandbox not in {s.name for s in server.sandboxes if s.healthy}:
+        console.print(
+            f"[bold red]the default sandbox {config.sandbox!r} is not ready; rollouts on it will fail[/]"
+        )
+
+
+def _print_engine(engine, config, console) -> None:
+    def mark(flag: bool | None) -> str:
+        return {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}[flag]
+
+    if not engine.checked:
+        console.print(
+            f"[bold]engine:[/] {engine.url or '(none)'}  [yellow]not checked (--skip-engine-check)[/]"
+        )
+        return
+    console.print(
+        f"[bold]engine:[/] {engine.url or '(none)'}  model {config.model or '(per request)'}  "
+        f"reachable {mark(engine.reachable)}  token ids {mark(engine.token_ids)}  "
+        f"logprobs {mark(engine.logprobs)}  processed {mark(engine.processed_logprobs)}"
+    )
+    for error in engine.errors:
+        console.print(f"[bold red]engine error:[/] {error}")
+    for warning in engine.warnings:
+        console.print(f"[yellow]engine warning:[/] {warning}")
+    if engine.errors:
+        console.print("[red]rollouts that use this engine will fail until it is fixed (see above)[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

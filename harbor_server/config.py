@@ -1,0 +1,107 @@
+"""Configuration of `harbor serve`, validated once at the boundary (flags, env vars, tests)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from capture_proxy.config import normalize_engine_url
+
+SandboxName = Literal["local", "docker", "e2b"]
+ExposeMode = Literal["direct", "gradio", "none"]
+
+MAX_CONCURRENT_ENVS_VAR = "MAX_CONCURRENT_ENVS"
+DEFAULT_MAX_CONCURRENT_ENVS = 32
+
+
+def max_concurrent_envs_from_env() -> int:
+    """$MAX_CONCURRENT_ENVS as an int, or the default; a malformed value is an error that names it."""
+    raw = os.environ.get(MAX_CONCURRENT_ENVS_VAR)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_MAX_CONCURRENT_ENVS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_CONCURRENT_ENVS_VAR}={raw!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{MAX_CONCURRENT_ENVS_VAR}={raw!r} must be at least 1")
+    return value
+
+
+class ServeConfig(BaseModel):
+    """Everything one `harbor serve` process needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[str] = Field(default_factory=lambda: ["builtin"])
+    """Dataset specs (`builtin`, a folder of tasks, ...); each becomes a split."""
+    llm_url: str | None = None
+    """Default engine base URL for rollouts that give none (with or without /v1)."""
+    llm_api_key: str | None = None
+    """Key sent to the engine (never shown to an agent)."""
+    model: str | None = None
+    """Default model name for rollouts that give none."""
+    host: str = "127.0.0.1"
+    """Interface of the trainer-facing API."""
+    port: int = Field(default=8200, ge=1, le=65535)
+    """Port of the trainer-facing API."""
+    capture_host: str = "0.0.0.0"
+    """Interface of the sandbox-facing capture port; containers reach it through the bridge gateway."""
+    capture_port: int = Field(default=8300, ge=1, le=65535)
+    """Port of the sandbox-facing capture proxy (agent routes and /health only)."""
+    sandbox: SandboxName = "local"
+    """Default sandbox backend for rollouts that name none."""
+    expose: ExposeMode = "none"
+    """How remote sandboxes (E2B) reach the capture port: direct = `public_url`, gradio = share tunnel."""
+    public_url: str | None = None
+    """Base URL at which remote sandboxes reach the capture port (with `--expose direct`)."""
+    store_url: str | None = None
+    """SQLAlchemy URL of the trace store; None: sqlite:///<runs dir>/traces.db."""
+    max_concurrent_envs: int = Field(default=DEFAULT_MAX_CONCURRENT_ENVS, ge=1)
+    """Most rollouts alive at once; past it POST /rollouts answers 429."""
+    admin_key: str = Field(default_factory=lambda: secrets.token_urlsafe(24), min_length=8)
+    """Admin key of the in-process capture service (never leaves the server)."""
+    check_engine: bool = True
+    """Probe the engine at start-up (reachable, token ids, logprobs)."""
+    require_engine: bool = False
+    """Refuse to start when the engine probe fails (otherwise it is reported as an error and served on)."""
+    engine_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds the start-up engine probe waits for each answer."""
+    sandbox_stop_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a sandbox gets to stop before the rollout gives up on it (it is logged, never hidden)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_capacity(cls, data: Any) -> Any:
+        # The flag wins; without it, $MAX_CONCURRENT_ENVS (a bad value is an error that names it).
+        if isinstance(data, dict) and data.get("max_concurrent_envs") is None:
+            data = dict(data) | {"max_concurrent_envs": max_concurrent_envs_from_env()}
+        return data
+
+    @field_validator("llm_url")
+    @classmethod
+    def _normalize_llm_url(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_engine_url(v)
+
+    @field_validator("public_url")
+    @classmethod
+    def _normalize_public_url(cls, v: str | None) -> str | None:
+        return None if v is None else normalize_engine_url(v)
+
+    @field_validator("datasets")
+    @classmethod
+    def _some_datasets(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("give at least one --dataset (e.g. builtin)")
+        return v
+
+    @model_validator(mode="after")
+    def _expose_needs_url(self) -> ServeConfig:
+        if self.expose == "direct" and self.public_url is None:
+            raise ValueError(
+                "--expose direct needs --public-url (the URL remote sandboxes reach the capture port at)"
+            )
+        return self

@@ -1,0 +1,288 @@
+"""HarborServer: one process holding the datasets, the trace store, the capture service and the
+rollout manager, served on two ports (trainer-facing API, sandbox-facing capture port) on one loop.
+
+    server = HarborServer(ServeConfig(datasets=["builtin"], llm_url=..., model=...))
+    await server.start()        # load datasets, open the store, probe the engine and the sandboxes
+    await server.run_http()     # until request_shutdown() or a signal
+    await server.stop()         # cancel live rollouts (sandboxes stopped), close the store
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+
+import uvicorn
+
+from capture_proxy.config import ProxyConfig
+from capture_proxy.service import CaptureService
+from capture_proxy.store import TraceStore, default_store_url
+from harbor_server.config import ServeConfig
+from harbor_server.engine_check import probe_engine
+from harbor_server.errors import EngineCheckFailed, HarborServerError
+from harbor_server.models import DatasetInfo, EngineStatus, SandboxInfo, ServerInfo, TaskInfo
+from harbor_server.rollouts import HarnessFactory, RolloutManager
+from harnesses import get_harness, harness_names
+from sandboxes import BACKENDS
+from tasks import Dataset, Task, load_dataset_spec
+
+log = logging.getLogger(__name__)
+
+SANDBOX_HEALTH_TIMEOUT_S = 15.0
+SANDBOX_HEALTH_TTL_S = 30.0
+"""/info re-probes sandbox backends at most this often."""
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: on SIGTERM it re-raises the signal once it stops,
+    which kills the process before live rollouts are cancelled and recorded. HarborServer handles
+    SIGINT/SIGTERM itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("harbor-rl")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def load_datasets(specs: list[str]) -> dict[str, Dataset]:
+    """Each --dataset spec as a split; two specs resolving to the same split name is an error."""
+    datasets: dict[str, Dataset] = {}
+    for spec in specs:
+        dataset = load_dataset_spec(spec)
+        if dataset.split in datasets:
+            raise HarborServerError(
+                f"--dataset {spec!r} has split {dataset.split!r}, the same as {datasets[dataset.split].source!r}"
+            )
+        datasets[dataset.split] = dataset
+    return datasets
+
+
+class HarborServer:
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        datasets: Mapping[str, Dataset] | None = None,
+        harness_factory: HarnessFactory = get_harness,
+        harness_list=harness_names,
+    ) -> None:
+        self.config = config
+        self.version = _version()
+        self._datasets = dict(datasets) if datasets is not None else None
+        self._harness_factory = harness_factory
+        self._harness_list = harness_list
+        self.store: TraceStore | None = None
+        self.service: CaptureService | None = None
+        self._manager: RolloutManager | None = None
+        self.engine = EngineStatus(url=config.llm_url)
+        self.sandboxes: list[SandboxInfo] = []
+        self._sandboxes_checked_at = 0.0
+        self.orphans_marked = 0
+        self.swept: dict[str, int] = {}
+        """Leftover sandboxes removed at start-up, per backend."""
+        self._http: list[uvicorn.Server] = []
+
+    @property
+    def manager(self) -> RolloutManager:
+        if self._manager is None:
+            raise RuntimeError("HarborServer.start() has not run")
+        return self._manager
+
+    @property
+    def store_url(self) -> str:
+        return self.config.store_url or default_store_url()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.expose == "gradio":
+            raise HarborServerError(
+                "--expose gradio is not implemented yet; use --expose direct --public-url URL for remote sandboxes"
+            )
+        if self._datasets is None:
+            self._datasets = await asyncio.to_thread(load_datasets, self.config.datasets)
+        self.store = await asyncio.to_thread(TraceStore, self.store_url)
+        proxy_config = ProxyConfig(
+            upstream_url=self.config.llm_url,
+            upstream_api_key=self.config.llm_api_key,
+            admin_key=self.config.admin_key,
+        )
+        self.service = CaptureService(proxy_config, self.store)
+        self._manager = RolloutManager(
+            self.config,
+            store=self.store,
+            service=self.service,
+            datasets=self._datasets,
+            harness_factory=self._harness_factory,
+            harness_list=self._harness_list,
+        )
+        self.orphans_marked = await self._manager.start()
+        if self.config.check_engine:
+            self.engine = await probe_engine(
+                self.config.llm_url,
+                self.config.model,
+                api_key=self.config.llm_api_key,
+                timeout_s=self.config.engine_timeout_s,
+            )
+        if self.config.require_engine and not self.engine.ok:
+            await self.stop()
+            raise EngineCheckFailed(
+                "engine check failed: " + "; ".join(self.engine.errors or ["not checked"])
+            )
+        await self.refresh_sandbox_health(force=True)
+        self.swept = await self._sweep_sandboxes()
+
+    async def _sweep_sandboxes(self) -> dict[str, int]:
+        """Remove sandboxes whose owning process is gone (a crashed server's); healthy backends only."""
+        swept: dict[str, int] = {}
+        for info in self.sandboxes:
+            if not info.healthy:
+                continue
+            try:
+                count = await asyncio.wait_for(
+                    self.manager.backend(info.name).sweep(), SANDBOX_HEALTH_TIMEOUT_S * 4
+                )
+            except Exception as exc:
+                log.warning("sweeping leftover %s sandboxes failed: %r", info.name, exc)
+                continue
+            if count:
+                swept[info.name] = count
+                log.warning("removed %d leftover %s sandbox(es) of a previous run", count, info.name)
+        return swept
+
+    async def stop(self) -> None:
+        if self._manager is not None:
+            await self._manager.stop()
+        if self.service is not None:
+            await self.service.aclose()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def run_http(self) -> None:
+        """Serve both ports until `request_shutdown()` (or SIGINT/SIGTERM)."""
+        from harbor_server.app import create_api_app, create_capture_app
+
+        assert self.service is not None, "start() first"
+        self._http = [
+            _QuietServer(self._uvicorn_config(create_api_app(self), self.config.host, self.config.port)),
+            _QuietServer(
+                self._uvicorn_config(
+                    create_capture_app(self.service), self.config.capture_host, self.config.capture_port
+                )
+            ),
+        ]
+        tasks = [asyncio.create_task(s.serve()) for s in self._http]
+        with self._shutdown_on_signals():
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            self.request_shutdown()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        for server, result in zip(self._http, results, strict=True):
+            if isinstance(result, BaseException) or not server.started:
+                raise HarborServerError(
+                    f"could not serve on {server.config.host}:{server.config.port} (is the port in use?)"
+                )
+
+    async def serve(self) -> None:
+        await self.start()
+        try:
+            await self.run_http()
+        finally:
+            await self.stop()
+
+    @contextlib.contextmanager
+    def _shutdown_on_signals(self):
+        """SIGINT/SIGTERM stop the HTTP servers; stop() then cancels and records live rollouts."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # in a thread (tests): the owner calls request_shutdown()
+            return
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.request_shutdown)
+        try:
+            yield
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def request_shutdown(self) -> None:
+        for server in self._http:
+            server.should_exit = True
+
+    @staticmethod
+    def _uvicorn_config(app, host: str, port: int) -> uvicorn.Config:
+        # The server's own lifecycle is start()/stop(); backlog sized for bursts of rollout requests.
+        return uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            backlog=2048,
+            timeout_keep_alive=30,
+        )
+
+    # -- what /info reports ---------------------------------------------------------------------
+
+    async def refresh_sandbox_health(self, *, force: bool = False) -> list[SandboxInfo]:
+        if not force and time.monotonic() - self._sandboxes_checked_at < SANDBOX_HEALTH_TTL_S:
+            return self.sandboxes
+        self.sandboxes = list(await asyncio.gather(*(self._sandbox_health(name) for name in BACKENDS)))
+        self._sandboxes_checked_at = time.monotonic()
+        return self.sandboxes
+
+    async def _sandbox_health(self, name: str) -> SandboxInfo:
+        try:
+            backend = self.manager.backend(name)
+            detail = await asyncio.wait_for(backend.health(), SANDBOX_HEALTH_TIMEOUT_S)
+        except TimeoutError:
+            return SandboxInfo(
+                name=name, healthy=False, detail=f"health check timed out after {SANDBOX_HEALTH_TIMEOUT_S} s"
+            )
+        except HarborServerError as exc:
+            return SandboxInfo(name=name, healthy=False, detail=exc.message)
+        except Exception as exc:
+            return SandboxInfo(name=name, healthy=False, detail=f"{type(exc).__name__}: {exc}")
+        return SandboxInfo(name=name, healthy=True, detail=detail)
+
+    async def info(self) -> ServerInfo:
+        datasets = [
+            DatasetInfo(split=s, source=d.source, num_tasks=len(d)) for s, d in self.manager.datasets.items()
+        ]
+        return ServerInfo(
+            version=self.version,
+            datasets=datasets,
+            harnesses=self.manager.harnesses(),
+            sandboxes=await self.refresh_sandbox_health(),
+            default_sandbox=self.config.sandbox,
+            capacity=self.manager.capacity,
+            engine=self.engine,
+            default_model=self.config.model,
+            capture_port=self.config.capture_port,
+        )
+
+    @staticmethod
+    def task_info(split: str, task: Task, index: int) -> TaskInfo:
+        return TaskInfo(
+            index=index,
+            task_id=task.id,
+            name=task.name,
+            split=split,
+            instruction=task.instruction,
+            has_solution=task.paths.has_solution,
+            agent_timeout_sec=task.config.agent.timeout_sec,
+            metadata=dict(task.config.metadata),
+        )

@@ -1,0 +1,59 @@
+"""Rollouts through a real `harbor serve` on the real Docker engine: oracle 1.0, nop 0.0, and an
+agent inside a container reaching the capture port with its session key (the engine is
+`capture_proxy.testing`'s vLLM imitation; vLLM needs a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from harbor_server.client import HarborSessionFactory
+from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
+from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
+from tests.server.scripted import SERVER_KWARGS
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+MODEL = "imitation-model"
+
+
+@pytest.fixture(scope="module")
+def docker_ready():
+    client = docker_client_or_skip()
+    try:
+        client.images.get(BASE_IMAGE)
+    except Exception:
+        pytest.skip(f"base image {BASE_IMAGE} missing: build it with docker/sandbox-base/build.sh")
+
+
+@pytest.fixture
+def engine_url():
+    with serve_in_thread(create_imitation_app(ImitationSettings(model=MODEL))) as url:
+        yield url + "/v1"
+
+
+def test_oracle_and_nop_in_docker(docker_ready, tmp_path, sandbox_root):
+    config = make_config(tmp_path, sandbox="docker", capture_host="0.0.0.0")
+    with running_server(config) as server:
+        for harness, expected in (("oracle", 1.0), ("nop", 0.0)):
+            with HarborSessionFactory(
+                server.url, split="builtin", harness=harness, llm_url=UNUSED_ENGINE, model="tiny"
+            ) as factory:
+                session = factory.create("fix-pagination", episode_id=harness)
+                result = session.wait_for_completion(timeout_s=500)
+                assert result.sandbox == "docker"
+                assert result.status == "completed", result.error
+                assert result.env_reward == expected
+
+
+def test_agent_in_a_container_calls_the_capture_port(docker_ready, tmp_path, sandbox_root, engine_url):
+    config = make_config(tmp_path, sandbox="docker", capture_host="0.0.0.0", llm_url=engine_url, model=MODEL)
+    with (
+        running_server(config, **SERVER_KWARGS) as server,
+        HarborSessionFactory(server.url, split="builtin", harness="scripted", purpose="eval") as factory,
+    ):
+        session = factory.create("fix-pagination", episode_id="from-docker")
+        result = session.wait_for_completion(timeout_s=500)
+        assert result.status == "completed", result.error
+        assert result.tool_calls_by_name == {"chat": 1, "marker:from-docker": 1}
+        [turn] = session.fetch_training_trace().turns
+        assert turn.request["messages"][0]["content"] == "from-docker"
