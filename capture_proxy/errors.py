@@ -38,8 +38,15 @@ class SessionNotFound(StoreError):
 class ProxyRequestError(CaptureError):
     """A request the proxy answers with an OpenAI-style error (bad input, bad key, engine failure)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         self.status = status
         self.message = message
         self.type = type

@@ -1,0 +1,584 @@
+"""A faithful local imitation of vLLM's OpenAI server, for tests and benchmarks where no GPU runs vLLM.
+
+It speaks the wire protocol of vLLM >= 0.22 as `vllm/entrypoints/openai/chat_completion/protocol.py`
+and its serving code produce it: top-level `prompt_token_ids` and per-choice `token_ids` when asked for
+`return_token_ids`, logprobs whose `token` reads `token_id:N` (the server's
+`--return-tokens-as-token-ids`), hermes-style tool calls, streamed chunks whose first carries the prompt
+ids and every later one its token-id delta, the trailing usage chunk of `stream_options.include_usage`,
+`data: [DONE]`, and `{"error": {...}}` bodies. It also sends the policy version header the embedded
+engine sends (`x-policy-version`).
+
+The "model" is a byte-level tokenizer (id = byte + 3; 1 = <|im_start|>, 2 = <|im_end|>, the EOS)
+with a chat template, and a deterministic sampler; so later prompts extend earlier prompt+completion ids
+exactly as a real chat template does, and a test can predict every id and logprob.
+
+Knobs (latency, completion length, failure injection) live in `ImitationSettings`, changeable at run
+time through `POST /imitation/settings`; `GET /imitation/requests` returns the bodies it received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+import uuid
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import orjson
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import Response, StreamingResponse
+
+IM_START, IM_END = 1, 2
+BYTE_OFFSET = 3
+VOCAB_SIZE = 256 + BYTE_OFFSET
+POLICY_VERSION_HEADER = "x-policy-version"
+
+Failure = Literal[
+    "http_500", "http_400", "cut", "hang", "no_token_ids", "no_logprobs", "token_mismatch", "stream_error"
+]
+
+_WORDS = (
+    b"the agent reads a file then runs the tests and fixes the bug in the parser before it stops ".split()
+)
+
+
+class ImitationSettings(BaseModel):
+    """How the imitation answers. Every field can be changed on a running server."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: str = "imitation-model"
+    """The served model name (reported in replies and by /v1/models)."""
+    prompt_tokens: int | None = None
+    """Fixed prompt length in tokens (benchmarks); None encodes the messages with the chat template."""
+    completion_tokens: int = 16
+    """Tokens per completion, EOS included, unless `max_tokens` stops it first (finish_reason length)."""
+    latency_s: float = 0.0
+    """Seconds before the first token (prefill)."""
+    token_latency_s: float = 0.0
+    """Seconds between streamed tokens."""
+    token_id_strings: bool = True
+    """Logprob tokens read `token_id:N` as with vLLM's --return-tokens-as-token-ids."""
+    policy_version: int | None = 0
+    """Sent as the `x-policy-version` header; None sends no header."""
+    fail: Failure | None = None
+    """Failure to inject into every request while set."""
+    fail_after_chunks: int = 0
+    """For `cut` and `stream_error` on streams: events sent before the failure."""
+    hang_s: float = 30.0
+    """How long `hang` waits before answering."""
+
+
+# -- the "tokenizer" and chat template ----------------------------------------------------------
+
+
+def encode(text: str) -> list[int]:
+    return [b + BYTE_OFFSET for b in text.encode()]
+
+
+def decode_token(tid: int) -> str:
+    if tid == IM_START:
+        return "<|im_start|>"
+    if tid == IM_END:
+        return "<|im_end|>"
+    return bytes([tid - BYTE_OFFSET]).decode("utf-8", errors="replace")
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
+
+
+def render_message(m: dict) -> list[int]:
+    text = _content_text(m.get("content"))
+    for tc in m.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        text += tool_call_text(fn.get("name", ""), fn.get("arguments") or "{}")
+    return [IM_START, *encode(f"{m.get('role', '')}\n{text}"), IM_END]
+
+
+def chat_prompt_ids(messages: list[dict], tools: list | None) -> list[int]:
+    """The chat template: an optional tools block, each message, then the generation prompt."""
+    ids: list[int] = []
+    if tools:
+        ids += [IM_START, *encode("tools\n" + orjson.dumps(tools).decode()), IM_END]
+    for m in messages:
+        ids += render_message(m)
+    return ids + [IM_START, *encode("assistant\n")]
+
+
+def logprob_of(tid: int, position: int) -> float:
+    """The imitation's deterministic 'sampled logprob' (always < 0)."""
+    return -round(0.001 + ((tid * 2654435761 + position * 40503) % 10007) / 10007 * 4.0, 6)
+
+
+def _tool_arguments(tool: dict) -> str:
+    params = (tool.get("function") or {}).get("parameters") or {}
+    props = params.get("properties") or {}
+    required = params.get("required") or list(props)
+    args: dict[str, Any] = {}
+    for name in required:
+        kind = (props.get(name) or {}).get("type")
+        args[name] = 1 if kind == "integer" else True if kind == "boolean" else "echo hello"
+    return orjson.dumps(args).decode()
+
+
+class _Completion:
+    """One sampled completion: its tokens, text, and how it maps onto chat deltas."""
+
+    def __init__(self, prompt_ids: list[int], body: dict, settings: ImitationSettings, tools: list | None):
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        seed = zlib.crc32(bytes(str(len(prompt_ids)), "ascii") + bytes(t % 256 for t in prompt_ids[-64:]))
+        tool_choice = body.get("tool_choice", "auto")
+        self.tool: dict | None = None
+        if tools and tool_choice != "none":
+            if isinstance(tool_choice, dict):
+                name = (tool_choice.get("function") or {}).get("name")
+                tool = next((t for t in tools if (t.get("function") or {}).get("name") == name), tools[0])
+            else:
+                tool = tools[seed % len(tools)]
+            self.tool = {"name": tool["function"]["name"], "arguments": _tool_arguments(tool)}
+            self.prefix = f'<tool_call>{{"name": "{self.tool["name"]}", "arguments": '
+            text = self.prefix + self.tool["arguments"] + "}</tool_call>"
+        else:
+            words, size, i = [], 0, seed
+            while size < settings.completion_tokens:
+                w = _WORDS[i % len(_WORDS)].decode() + " "
+                words.append(w)
+                size += len(w)
+                i = i * 1103515245 + 12345
+            text = "".join(words)[: max(settings.completion_tokens - 1, 0)]
+        ids = [*encode(text), IM_END]
+        self.finish_reason = "tool_calls" if self.tool else "stop"
+        if limit is not None and limit < len(ids):
+            ids = ids[:limit]
+            text = text[:limit]
+            self.finish_reason = "length"
+            self.tool = None
+        self.ids = ids
+        self.text = text
+        self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+
+    def token_texts(self) -> list[str]:
+        return [decode_token(t) if t == IM_END else chr(t - BYTE_OFFSET) for t in self.ids]
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+class _CutResponse(Response):
+    """Sends half of the body, then drops the connection (the engine died mid-reply)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send(
+            {"type": "http.response.body", "body": self.body[: len(self.body) // 2], "more_body": True}
+        )
+        raise ConnectionAbortedError("imitation: connection cut mid-reply (injected failure)")
+
+
+def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
+    """The imitation as an ASGI app; `app.state.settings` and `app.state.requests` are its state."""
+    app = FastAPI(title="vLLM imitation", docs_url=None, redoc_url=None)
+    app.state.settings = settings or ImitationSettings()
+    app.state.requests = deque(maxlen=256)
+    fixed_prompt: dict[int, list[int]] = {}
+
+    def s() -> ImitationSettings:
+        return app.state.settings
+
+    def headers() -> dict[str, str]:
+        pv = s().policy_version
+        return {} if pv is None else {POLICY_VERSION_HEADER: str(pv)}
+
+    def error(status: int, message: str, kind: str) -> Response:
+        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        return Response(
+            orjson.dumps(body), status_code=status, media_type="application/json", headers=headers()
+        )
+
+    def prompt_for(body: dict, endpoint: str) -> list[int]:
+        n = s().prompt_tokens
+        if n is not None:
+            if n not in fixed_prompt:
+                fixed_prompt[n] = [BYTE_OFFSET + (i * 7919) % 256 for i in range(n)]
+            return fixed_prompt[n]
+        if endpoint == "chat":
+            return chat_prompt_ids(body["messages"], body.get("tools"))
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return list(prompt)
+        return encode(prompt if isinstance(prompt, str) else prompt[0])
+
+    async def handle(request: Request, endpoint: str) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return error(400, f"invalid JSON: {exc}", "BadRequestError")
+        app.state.requests.append(body)
+        cfg = s()
+        if cfg.fail == "http_500":
+            return error(500, "imitation: injected internal error", "InternalServerError")
+        if cfg.fail == "http_400":
+            return error(400, "imitation: this model's maximum context length is 8 tokens", "BadRequestError")
+        if cfg.fail == "hang":
+            await asyncio.sleep(cfg.hang_s)
+        if body.get("model") != cfg.model:
+            return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        if cfg.latency_s:
+            await asyncio.sleep(cfg.latency_s)
+        prompt_ids = prompt_for(body, endpoint)
+        tools = body.get("tools") if endpoint == "chat" else None
+        comp = _Completion(prompt_ids, body, cfg, tools)
+        if body.get("stream"):
+            gen = _chat_stream if endpoint == "chat" else _completion_stream
+            return StreamingResponse(
+                gen(body, prompt_ids, comp, cfg), media_type="text/event-stream", headers=headers()
+            )
+        make = _chat_response if endpoint == "chat" else _completion_response
+        content = orjson.dumps(make(body, prompt_ids, comp, cfg))
+        if cfg.fail == "cut":
+            return _CutResponse(content, media_type="application/json", headers=headers())
+        return Response(content, media_type="application/json", headers=headers())
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, "completions")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        cfg = s()
+        card = {
+            "id": cfg.model, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": cfg.model,
+            "parent": None, "max_model_len": 32768,
+            "permission": [{
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": int(time.time()),
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+                "group": None, "is_blocking": False,
+            }],
+        }  # fmt: skip
+        return Response(
+            orjson.dumps({"object": "list", "data": [card]}), media_type="application/json", headers=headers()
+        )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.post("/imitation/settings")
+    async def update_settings(request: Request) -> Response:
+        app.state.settings = ImitationSettings.model_validate(
+            s().model_dump() | orjson.loads(await request.body())
+        )
+        return Response(app.state.settings.model_dump_json(), media_type="application/json")
+
+    @app.get("/imitation/requests")
+    async def received() -> Response:
+        return Response(orjson.dumps(list(app.state.requests)), media_type="application/json")
+
+    return app
+
+
+# -- response shapes ----------------------------------------------------------------------------
+
+
+def _wants_ids(body: dict, cfg: ImitationSettings) -> bool:
+    return bool(body.get("return_token_ids")) and cfg.fail != "no_token_ids"
+
+
+def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
+    if cfg.token_id_strings:
+        shown = tid + 1 if (cfg.fail == "token_mismatch" and i == 0) else tid
+        return f"token_id:{shown}"
+    return decode_token(tid)
+
+
+def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int) -> dict:
+    tok = _token_string(tid, i, cfg)
+    lp = logprob_of(tid, i)
+    decoded = decode_token(tid)
+    entries = [{"token": tok, "logprob": lp, "bytes": list(decoded.encode())}] if top else []
+    for k in range(1, top):
+        alt = (tid + k) % VOCAB_SIZE
+        alt_tok = f"token_id:{alt}" if cfg.token_id_strings else decode_token(alt)
+        entries.append({"token": alt_tok, "logprob": lp - k, "bytes": list(decode_token(alt).encode())})
+    return {"token": tok, "logprob": lp, "bytes": list(decoded.encode()), "top_logprobs": entries}
+
+
+def _wants_logprobs(body: dict, cfg: ImitationSettings) -> bool:
+    return bool(body.get("logprobs")) and cfg.fail != "no_logprobs"
+
+
+def _usage(prompt_ids: list[int], comp: _Completion) -> dict:
+    n, m = len(prompt_ids), len(comp.ids)
+    return {"prompt_tokens": n, "total_tokens": n + m, "completion_tokens": m, "prompt_tokens_details": None}
+
+
+def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings) -> dict:
+    wants_ids = _wants_ids(body, cfg)
+    message: dict[str, Any] = {
+        "role": "assistant", "content": None if comp.tool else comp.text, "refusal": None, "annotations": None,
+        "audio": None, "function_call": None, "reasoning": None,
+    }  # fmt: skip
+    if comp.tool:
+        message["tool_calls"] = [
+            {
+                "id": comp.call_id,
+                "type": "function",
+                "function": {"name": comp.tool["name"], "arguments": comp.tool["arguments"]},
+            }
+        ]
+    logprobs = None
+    if _wants_logprobs(body, cfg):
+        top = body.get("top_logprobs") or 0
+        logprobs = {"content": [_chat_logprob(t, i, cfg, top) for i, t in enumerate(comp.ids)]}
+    choice = {
+        "index": 0, "message": message, "logprobs": logprobs, "finish_reason": comp.finish_reason,
+        "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
+    }  # fmt: skip
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "model": cfg.model, "choices": [choice], "service_tier": None, "system_fingerprint": None,
+        "usage": _usage(prompt_ids, comp), "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if wants_ids else None, "prompt_text": None, "kv_transfer_params": None,
+    }  # fmt: skip
+
+
+def _completion_logprobs(
+    comp: _Completion, cfg: ImitationSettings, start: int, end: int, offset: int
+) -> dict:
+    texts = comp.token_texts()[start:end]
+    offsets, o = [], offset
+    for t in texts:
+        offsets.append(o)
+        o += len(t) if t != decode_token(IM_END) else 0
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [logprob_of(comp.ids[i], i) for i in range(start, end)],
+        "tokens": [_token_string(comp.ids[i], i, cfg) for i in range(start, end)],
+        "top_logprobs": [{} for _ in range(start, end)],
+    }
+
+
+def _completion_response(
+    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+) -> dict:
+    wants_ids = _wants_ids(body, cfg)
+    logprobs = None
+    if body.get("logprobs") is not None and cfg.fail != "no_logprobs":
+        logprobs = _completion_logprobs(comp, cfg, 0, len(comp.ids), 0)
+    choice = {
+        "index": 0, "text": comp.text, "logprobs": logprobs, "finish_reason": comp.finish_reason if comp.finish_reason != "tool_calls" else "stop",
+        "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if wants_ids else None,
+    }  # fmt: skip
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": cfg.model,
+        "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt_ids, comp),
+        "kv_transfer_params": None,
+    }  # fmt: skip
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chat_deltas(comp: _Completion) -> Iterator[dict]:
+    """The delta of each completion token, as vLLM's hermes tool parser streams them."""
+    texts = comp.token_texts()
+    if not comp.tool:
+        for i, t in enumerate(texts):
+            yield {"content": "" if comp.ids[i] == IM_END else t}
+        return
+    n_prefix = len(comp.prefix.encode())
+    n_args = len(comp.tool["arguments"].encode())
+    for i, t in enumerate(texts):
+        if i == n_prefix - 1:
+            yield {
+                "tool_calls": [
+                    {
+                        "id": comp.call_id,
+                        "type": "function",
+                        "index": 0,
+                        "function": {"name": comp.tool["name"]},
+                    }
+                ]
+            }
+        elif n_prefix <= i < n_prefix + n_args:
+            yield {"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
+        else:
+            yield {}
+
+
+async def _maybe_fail(cfg: ImitationSettings, sent: int) -> bytes | None:
+    if cfg.fail == "cut" and sent >= cfg.fail_after_chunks:
+        raise ConnectionAbortedError("imitation: stream cut (injected failure)")
+    if cfg.fail == "stream_error" and sent >= cfg.fail_after_chunks:
+        err = {
+            "error": {
+                "message": "imitation: engine error mid-stream",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+        }
+        return _event(err) + b"data: [DONE]\n\n"
+    return None
+
+
+async def _chat_stream(
+    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+) -> AsyncIterator[bytes]:
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model}
+    wants_ids = _wants_ids(body, cfg)
+    wants_lp = _wants_logprobs(body, cfg)
+    top = body.get("top_logprobs") or 0
+    first = {
+        "index": 0,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+    if cfg.fail == "cut" and cfg.fail_after_chunks == 0:
+        raise ConnectionAbortedError("imitation: stream cut before the first event (injected failure)")
+    yield _event({**head, "choices": [first], "prompt_token_ids": prompt_ids if wants_ids else None})
+    sent = 1
+    for i, (tid, delta) in enumerate(zip(comp.ids, _chat_deltas(comp), strict=True)):
+        if (end := await _maybe_fail(cfg, sent)) is not None:
+            yield end
+            return
+        if cfg.token_latency_s:
+            await asyncio.sleep(cfg.token_latency_s)
+        last = i == len(comp.ids) - 1
+        choice: dict[str, Any] = {
+            "index": 0, "delta": delta, "logprobs": {"content": [_chat_logprob(tid, i, cfg, top)]} if wants_lp else None,
+            "finish_reason": comp.finish_reason if last else None,
+        }  # fmt: skip
+        if last:
+            choice["stop_reason"] = None
+        if wants_ids:
+            choice["token_ids"] = [tid]
+        yield _event({**head, "choices": [choice]})
+        sent += 1
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield _event(
+            {
+                **head,
+                "choices": [],
+                "usage": {k: v for k, v in _usage(prompt_ids, comp).items() if v is not None},
+            }
+        )
+    yield b"data: [DONE]\n\n"
+
+
+async def _completion_stream(
+    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+) -> AsyncIterator[bytes]:
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model}
+    wants_ids = _wants_ids(body, cfg)
+    wants_lp = body.get("logprobs") is not None and cfg.fail != "no_logprobs"
+    texts = comp.token_texts()
+    offset = 0
+    finish = comp.finish_reason if comp.finish_reason != "tool_calls" else "stop"
+    for i, tid in enumerate(comp.ids):
+        if (end := await _maybe_fail(cfg, i)) is not None:
+            yield end
+            return
+        if cfg.token_latency_s:
+            await asyncio.sleep(cfg.token_latency_s)
+        text = "" if tid == IM_END else texts[i]
+        last = i == len(comp.ids) - 1
+        choice: dict[str, Any] = {
+            "index": 0, "text": text,
+            "logprobs": _completion_logprobs(comp, cfg, i, i + 1, offset) if wants_lp else None,
+            "finish_reason": finish if last else None, "stop_reason": None,
+        }  # fmt: skip
+        if wants_ids:
+            if i == 0:
+                choice["prompt_token_ids"] = prompt_ids
+            choice["token_ids"] = [tid]
+        offset += len(text)
+        yield _event({**head, "choices": [choice], "usage": None})
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield _event(
+            {
+                **head,
+                "choices": [],
+                "usage": {k: v for k, v in _usage(prompt_ids, comp).items() if v is not None},
+            }
+        )
+    yield b"data: [DONE]\n\n"
+
+
+# -- running it ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run an ASGI app with uvicorn on a background thread; yields its base URL (no /v1)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="critical", lifespan="on", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"server on {host}:{port} did not start")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve the vLLM imitation (tests and benchmarks).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="imitation-model")
+    parser.add_argument("--prompt-tokens", type=int, default=None)
+    parser.add_argument("--completion-tokens", type=int, default=16)
+    parser.add_argument("--latency-s", type=float, default=0.0)
+    args = parser.parse_args()
+    import uvicorn
+
+    settings = ImitationSettings(
+        model=args.model, prompt_tokens=args.prompt_tokens, completion_tokens=args.completion_tokens,
+        latency_s=args.latency_s,
+    )  # fmt: skip
+    uvicorn.run(
+        create_imitation_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=75,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The vLLM dialect: check what an agent sent, rewrite it for the engine, read the engine's tokens back.
+
+Everything here is plain functions over dicts (no pydantic on the hot path): the proxy touches each
+request once on the way in and each response once on the way out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from capture_proxy.errors import ProxyRequestError
+
+Endpoint = Literal["chat", "completions"]
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+)
+"""The request fields recorded as the sampling a turn was produced with."""
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+@dataclass(slots=True)
+class Wants:
+    """Which engine-only fields the agent itself asked for (everything else is stripped from its reply)."""
+
+    logprobs: bool = False
+    token_ids: bool = False
+
+
+@dataclass(slots=True)
+class Capture:
+    """What the engine reported about one completion."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logps: list[float]
+    status: str = "ok"
+    error: str | None = None
+    finish_reason: str | None = None
+
+
+def bad_request(message: str, param: str | None = None, status: int = 400) -> ProxyRequestError:
+    return ProxyRequestError(status, message, param=param, code="invalid_request")
+
+
+# -- validation of what the agent sent -------------------------------------------------------------
+
+
+def _check_number(body: dict, key: str) -> None:
+    v = body.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise bad_request(f"'{key}' must be a number, got {type(v).__name__}", key)
+
+
+def _check_int(body: dict, key: str) -> None:
+    v = body.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise bad_request(f"'{key}' must be an integer, got {type(v).__name__}", key)
+
+
+def validate_request(body: Any, endpoint: Endpoint) -> None:
+    """Reject what no engine could answer, naming the field; cheap checks only, the engine does the rest."""
+    if not isinstance(body, dict):
+        raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+    model = body.get("model")
+    if model is None:
+        raise bad_request("missing required field 'model'", "model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string", "model")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if messages is None:
+            raise bad_request("missing required field 'messages'", "messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty array of message objects", "messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise bad_request(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise bad_request("'tools' must be an array", "tools")
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise bad_request("'logprobs' must be a boolean", "logprobs")
+        _check_int(body, "top_logprobs")
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise bad_request("missing required field 'prompt'", "prompt")
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) > 0)):
+            raise bad_request("'prompt' must be a string or a non-empty array", "prompt")
+        if isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(t, int) for t in prompt):
+            raise bad_request(
+                "the capture proxy takes one prompt per request (a string or token ids)", "prompt"
+            )
+        _check_int(body, "logprobs")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", "stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("the capture proxy records one completion per call: 'n' must be 1", "n")
+    for key in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    ):
+        _check_number(body, key)
+    for key in ("max_tokens", "max_completion_tokens", "top_k", "seed"):
+        _check_int(body, key)
+
+
+# -- rewriting for the engine --------------------------------------------------------------------
+
+
+def rewrite_request(
+    body: dict, *, endpoint: Endpoint, model: str, purpose: str, sampling: dict
+) -> tuple[dict, dict, Wants]:
+    """The body sent upstream, the sampling it carries, and which engine-only fields the agent asked for.
+
+    Train sessions get the session's own sampling (the importance ratio needs the policy's processed
+    logprobs, untouched by the agent's truncation or penalties); eval sessions keep the agent's.
+    """
+    up = dict(body)
+    up["model"] = model
+    wants = Wants(token_ids=bool(body.get("return_token_ids")))
+    if endpoint == "chat":
+        wants.logprobs = bool(body.get("logprobs"))
+        up["logprobs"] = True
+        # vLLM returns no logprobs at all without top_logprobs; 0 asks for the sampled token's only.
+        up["top_logprobs"] = (body.get("top_logprobs") or 0) if wants.logprobs else 0
+    else:
+        wants.logprobs = body.get("logprobs") is not None
+        up["logprobs"] = body.get("logprobs") or 0
+    up["return_token_ids"] = True
+    if purpose == "train":
+        up["temperature"] = sampling.get("temperature", 1.0)
+        up["top_p"] = sampling.get("top_p", 1.0)
+        up["top_k"] = sampling.get("top_k", -1)
+        up["min_p"] = sampling.get("min_p", 0.0)
+        up["presence_penalty"] = 0.0
+        up["frequency_penalty"] = 0.0
+        up["repetition_penalty"] = 1.0
+        up.pop("logit_bias", None)
+        cap = sampling.get("max_tokens")
+        if cap is not None:
+            asked = [up[k] for k in ("max_tokens", "max_completion_tokens") if up.get(k) is not None]
+            up.pop("max_completion_tokens", None)
+            up["max_tokens"] = min([cap, *asked])
+        if sampling.get("seed") is not None:
+            up["seed"] = sampling["seed"]
+    sent = {k: up[k] for k in SAMPLING_KEYS if up.get(k) is not None}
+    return up, sent, wants
+
+
+# -- reading the engine's answer -----------------------------------------------------------------
+
+
+def check_tokens(
+    prompt_ids: list[int] | None,
+    completion_ids: list[int] | None,
+    tokens: list[str] | None,
+    logps: list[Any] | None,
+) -> tuple[str, str | None]:
+    """Capture status and error of one completion: ids present, one logprob per id, `token_id:N` == ids[i]."""
+    if prompt_ids is None or completion_ids is None:
+        which = "prompt_token_ids" if prompt_ids is None else "token_ids"
+        return (
+            "missing_token_ids",
+            f"engine returned no {which} (is it vLLM >= 0.10.2 with return_token_ids?)",
+        )
+    if logps is None:
+        return "missing_logprobs", "engine returned no logprobs"
+    if len(logps) != len(completion_ids):
+        return "token_mismatch", f"engine returned {len(logps)} logprobs for {len(completion_ids)} token ids"
+    if any(lp is None for lp in logps):
+        return "missing_logprobs", "engine returned a null logprob"
+    if tokens:
+        for i, (tok, tid) in enumerate(zip(tokens, completion_ids, strict=False)):
+            if tok.startswith(_TOKEN_ID_PREFIX) and tok[9:] != str(tid):
+                return "token_mismatch", f"logprob token {i} reads {tok!r} but token_ids[{i}] is {tid}"
+    return "ok", None
+
+
+def capture_chat(resp: dict) -> Capture:
+    """Tokens and logprobs of a non-streamed chat completion (vLLM: top-level prompt ids, per-choice ids)."""
+    choice = resp["choices"][0]
+    prompt = resp.get("prompt_token_ids")
+    comp = choice.get("token_ids")
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    tokens = logps = None
+    if content is not None:
+        tokens = [c["token"] for c in content]
+        logps = [c["logprob"] for c in content]
+    status, error = check_tokens(prompt, comp, tokens, logps)
+    return Capture(prompt or [], comp or [], logps or [], status, error, choice.get("finish_reason"))
+
+
+def capture_completion(resp: dict) -> Capture:
+    """Tokens and logprobs of a non-streamed text completion (vLLM: prompt ids per choice)."""
+    choice = resp["choices"][0]
+    prompt = choice.get("prompt_token_ids")
+    comp = choice.get("token_ids")
+    lp = choice.get("logprobs")
+    tokens = lp.get("tokens") if isinstance(lp, dict) else None
+    logps = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    status, error = check_tokens(prompt, comp, tokens, logps)
+    return Capture(prompt or [], comp or [], logps or [], status, error, choice.get("finish_reason"))
+
+
+def strip_for_agent(resp: dict, wants: Wants) -> None:
+    """Remove, in place, the engine-only fields the proxy asked for and the agent did not."""
+    if not wants.token_ids:
+        resp.pop("prompt_token_ids", None)
+    for choice in resp.get("choices") or ():
+        if not wants.token_ids:
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+        if not wants.logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
