@@ -105,6 +105,22 @@ def require_trainable_graph(trace: TrainingTrace | Mapping[str, Any]) -> tuple[T
     return model, graph
 
 
+def _tolerate_eval_gaps(findings: list[Finding], turns: Sequence[TrainingTurn]) -> list[Finding]:
+    """Eval sessions may talk to endpoints that return no token ids (a hosted API): such untrained turns
+    are kept for their text, so their missing ids are a warning there, not a broken capture."""
+    gaps = {
+        f"turns[{i}].prompt_token_ids"
+        for i, t in enumerate(turns)
+        if t.metadata.capture == "missing_token_ids" and not t.trainable
+    }
+    return [
+        f.model_copy(update={"severity": Severity.WARN})
+        if f.code == "no_prompt_ids" and f.location in gaps
+        else f
+        for f in findings
+    ]
+
+
 def _check_trace(
     trace: TrainingTrace | Mapping[str, Any],
 ) -> tuple[list[Finding], TrainingTrace | None, RolloutGraph | None]:
@@ -116,6 +132,8 @@ def _check_trace(
     if isinstance(trace, TrainingTrace):
         turns: Sequence[Any] = trace.turns
         findings = [f for i, t in enumerate(turns) for f in _turn_rules(t, f"turns[{i}].", typed=True)[0]]
+        if trace.purpose == "eval":
+            findings = _tolerate_eval_gaps(findings, turns)
         model: TrainingTrace | None = trace
     elif isinstance(trace, Mapping):
         # Not a valid model: find which rules broke on the raw values (the slow path).

@@ -242,6 +242,19 @@ def test_recorded_transport_failure_is_kept_with_warnings() -> None:
     assert fatal(validate_trace(raw))[0].code == "no_prompt_ids"
 
 
+def test_eval_turn_without_engine_ids_is_kept_with_a_warning() -> None:
+    """An eval session against an endpoint that returns no token ids keeps the text, untrained."""
+    raw = base()
+    raw["purpose"] = "eval"
+    messages = last(raw)["request"]["messages"]
+    raw["turns"].append(turn("c", [], [], mask=[], messages=messages, capture="missing_token_ids"))
+    findings = [(f.code, f.severity) for f in validate_trace(raw)]
+    assert ("no_prompt_ids", Severity.WARN) in findings
+    assert not fatal(validate_trace(raw))
+    raw["purpose"] = "train"
+    assert fatal(validate_trace(raw))[0].code == "no_prompt_ids"
+
+
 def test_single_call_is_fine_for_eval_or_single_step_tasks() -> None:
     one = trace([turn("a", [1, 2], [3])], multi_step_task=True, purpose="eval")
     assert validate_trace(one) == []
