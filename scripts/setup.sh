@@ -11,7 +11,7 @@ SUDO=""
 
 # 1. System packages.
 need=()
-for pkg in docker.io bubblewrap postgresql debootstrap iptables procps; do
+for pkg in docker.io bubblewrap postgresql debootstrap iptables procps chromium chromium-driver npm; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
