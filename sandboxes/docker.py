@@ -381,8 +381,15 @@ class DockerBackend:
     async def _ensure_forwarder(self, gateway: str, port: int) -> None:
         """Make gateway:port reach the proxy: nothing to do when something already listens there."""
         async with self._forwarder_lock:
-            if (gateway, port) in self._forwarders:
-                return
+            server = self._forwarders.get((gateway, port))
+            if server is not None:
+                if server.get_loop() is asyncio.get_running_loop():
+                    return
+                # A forwarder serves only while the loop that made it runs (a backend reused from
+                # another loop, e.g. a later test's): free its port and start one on this loop.
+                with contextlib.suppress(Exception):
+                    server.close()  # on a closed loop this still closes the listening socket
+                del self._forwarders[(gateway, port)]
             upstream = self.proxy_upstream_host
 
             async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -161,6 +161,43 @@ async def test_a_proxy_on_loopback_is_forwarded(docker_backend):
             await sandbox.stop()
 
 
+def test_a_backend_reused_on_a_new_event_loop_still_forwards_to_the_proxy():
+    """The forwarder lives on the loop that made it; a backend reused on another loop (a later test,
+    a restarted server loop) must start a fresh one rather than keep a dead listener on the port."""
+    backend = DockerBackend()
+
+    async def one_rollout(port: int) -> str | None:
+        sandbox = await backend.start(spec(proxy_port=port))
+        try:
+            return await connect_from(sandbox, sandbox.proxy_host, port)
+        finally:
+            await sandbox.stop()
+
+    async def serve_and_connect() -> tuple[int, str | None]:
+        async with tcp_server("loop", host="127.0.0.1") as bound:
+            return bound, await one_rollout(bound)
+
+    port, first = asyncio.run(serve_and_connect())
+    assert first == "hello-loop"
+
+    async def second() -> str | None:
+        server = await asyncio.start_server(_greet_loop, host="127.0.0.1", port=port)
+        try:
+            return await one_rollout(port)
+        finally:
+            server.close()
+            await server.wait_closed()
+            await backend.aclose()
+
+    assert asyncio.run(second()) == "hello-loop"
+
+
+async def _greet_loop(reader, writer):
+    writer.write(b"hello-loop\n")
+    await writer.drain()
+    writer.close()
+
+
 async def test_no_network_reaches_no_other_machine_address(docker_backend):
     """A server in a `public` sandbox on this machine stands in for "the Internet": unreachable."""
     server = await docker_backend.start(spec(network_mode="public"))
