@@ -8,12 +8,15 @@ cd "$(dirname "$0")/.."
 log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+as_postgres() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
 
 # 1. System packages.
 need=()
-for pkg in docker.io bubblewrap postgresql debootstrap iptables procps chromium chromium-driver npm; do
+for pkg in docker.io bubblewrap postgresql debootstrap iptables procps chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
+# npm fetches opencode on the host; machines here ship Node.js with npm (which conflicts with Debian's npm).
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing ${need[*]}"
   $SUDO apt-get update -qq
@@ -38,10 +41,10 @@ if ! pg_lsclusters -h 2>/dev/null | grep -q online; then
   log "starting PostgreSQL"
   $SUDO service postgresql start >/dev/null
 fi
-$SUDO -u postgres psql -tAc "SELECT 1 FROM pg_roles WHERE rolname='harbor'" | grep -q 1 \
-  || $SUDO -u postgres psql -qc "CREATE ROLE harbor LOGIN PASSWORD 'harbor' CREATEDB;"
-$SUDO -u postgres psql -tAc "SELECT 1 FROM pg_database WHERE datname='harbor_test'" | grep -q 1 \
-  || $SUDO -u postgres createdb -O harbor harbor_test
+as_postgres psql -tAc "SELECT 1 FROM pg_roles WHERE rolname='harbor'" | grep -q 1 \
+  || as_postgres psql -qc "CREATE ROLE harbor LOGIN PASSWORD 'harbor' CREATEDB;"
+as_postgres psql -tAc "SELECT 1 FROM pg_database WHERE datname='harbor_test'" | grep -q 1 \
+  || as_postgres createdb -O harbor harbor_test
 
 # 4. Python: the CPU build of torch first (an unpinned torch would pull a multi-GB CUDA build).
 if ! python3 -c "import torch" >/dev/null 2>&1; then
