@@ -1,0 +1,149 @@
+"""The Gradio app's callbacks, its mounting in FastAPI, and `harbor inspect`, on real stores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from typer.testing import CliRunner
+
+from capture_proxy.testing import serve_in_thread
+from harbor_rl.cli import app as cli
+from inspector.app import ALL, Inspector, build_query, create_inspector, mount_inspector, parse_date
+from inspector.errors import InvalidQuery, RolloutNotFound
+from inspector.queries import RolloutQuery
+from tests.inspector.conftest import DAY, T0, add_session
+
+NO_FILTERS = dict(
+    dataset=ALL,
+    task="",
+    harness=ALL,
+    statuses=[],
+    reward_min="",
+    reward_max="",
+    pv_min="",
+    pv_max="",
+    date_from="",
+    date_to="",
+    run=ALL,
+    sort="newest first",
+    page=1,
+    page_size=50,
+)
+
+
+def test_blank_widgets_mean_no_filter():
+    assert build_query(**NO_FILTERS) == RolloutQuery()
+
+
+def test_widgets_become_a_query():
+    q = build_query(
+        **NO_FILTERS
+        | dict(
+            dataset="builtin",
+            task=" hello ",
+            reward_min="0.5",
+            pv_min="2",
+            pv_max="3",
+            date_from="2026-01-10",
+            date_to="2026-01-11",
+            sort="reward, low to high",
+            page=2,
+        )
+    )
+    assert (q.dataset, q.task, q.reward_min, q.policy_version_min, q.policy_version_max) == (
+        "builtin",
+        "hello",
+        0.5,
+        2,
+        3,
+    )
+    assert (q.sort, q.descending, q.page) == ("reward", False, 2)
+    assert q.created_from == parse_date("2026-01-10T00:00", "x")
+    assert q.created_to == parse_date("2026-01-12", "x")  # an end date includes its whole day
+
+
+@pytest.mark.parametrize(
+    ("widgets", "message"),
+    [
+        ({"reward_min": "high"}, "reward from: 'high' is not a number"),
+        ({"pv_min": "1.5"}, "policy version from: a policy version is a whole number"),
+        ({"date_from": "10/01/2026"}, "created from: '10/01/2026' is not a date"),
+        ({"reward_min": "1", "reward_max": "0"}, "reward_min=1.0 is greater than reward_max=0.0"),
+        ({"sort": "random"}, "sort: unknown order 'random'"),
+    ],
+)
+def test_bad_widgets_say_which(widgets, message):
+    with pytest.raises(InvalidQuery, match=message):
+        build_query(**NO_FILTERS | widgets)
+
+
+@pytest.fixture
+def inspector(synthetic_store):
+    for i in range(4):
+        add_session(
+            synthetic_store,
+            f"r{i}",
+            created_at=T0 + i * DAY,
+            turns=2,
+            policy_version=i // 2,
+            metadata={"run": "run-x"},
+            task_id=f"task-{i}",
+            reward=None if i == 3 else i / 2,
+            status="completed",
+        )
+    insp = Inspector(synthetic_store.url)
+    yield insp
+    insp.close()
+
+
+def test_list_page_frame_and_run_rewards(inspector):
+    page = inspector.page(RolloutQuery(page_size=3))
+    frame = inspector.page_frame(page)
+    assert list(frame["rollout"]) == ["r3", "r2", "r1"]
+    assert list(frame["reward"]) == ["unscoreable", "1", "0.5"]
+    assert page.pages == 2
+    runs = inspector.run_frame("run-x")
+    assert runs[["policy_version", "mean_reward", "rollouts", "scored"]].values.tolist() == [
+        [0, 0.25, 2, 2],
+        [1, 1.0, 2, 1],
+    ]
+    assert inspector.filter_choices()["run"] == [ALL, "run-x", "(no run)"]
+
+
+def test_mounted_app_serves_the_page_and_the_rollout_api(inspector, synthetic_store):
+    app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
+    with serve_in_thread(app) as url:
+        page = httpx.get(f"{url}/inspect/", timeout=30)
+        assert page.status_code == 200 and "gradio" in page.text.lower()
+        config = httpx.get(f"{url}/inspect/config", timeout=30).json()
+        labels = json.dumps(config)
+        assert "Rollouts" in labels and "Runs" in labels and "rollout-table" in labels
+
+
+def test_create_inspector_renders_rollouts_and_names_missing_ones(inspector, synthetic_store):
+    demo = create_inspector(synthetic_store.url)
+    insp = demo.inspector  # type: ignore[attr-defined]
+    assert insp.rollout_html("r0").count('<details class="turn"') == 2
+    with pytest.raises(RolloutNotFound, match="no rollout 'nope'"):
+        insp.rollout_html("nope")
+    insp.close()
+
+
+def test_cli_refuses_a_missing_store_with_a_clear_message(tmp_path: Path):
+    result = CliRunner().invoke(cli, ["inspect", "--store", f"sqlite:///{tmp_path}/none.db"])
+    assert result.exit_code == 2
+    assert "no such file" in " ".join(result.output.split())
+
+
+def test_cli_refuses_a_missing_tokenizer(tmp_path: Path, synthetic_store):
+    add_session(synthetic_store, "r0", created_at=T0)
+    result = CliRunner().invoke(
+        cli, ["inspect", "--store", synthetic_store.url, "--tokenizer", str(tmp_path / "tok.json")]
+    )
+    assert result.exit_code == 2
+    output = " ".join(result.output.split())  # rich wraps long lines
+    assert "--tokenizer" in output and "no such file or folder" in output

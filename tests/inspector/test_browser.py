@@ -1,0 +1,185 @@
+"""End to end in a real browser: rollouts captured through the proxy, the inspector mounted in a FastAPI
+app (as `harbor serve --expose gradio` does), driven by headless Debian Chromium through Selenium.
+
+Upstream of the proxy is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server
+(vLLM needs a GPU); the agent is the real `openai` client. The test saves docs/screenshots/list.png
+and docs/screenshots/rollout.png, which the README shows.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+
+from capture_proxy.testing import decode_token, serve_in_thread
+from inspector.app import mount_inspector
+from inspector.db import open_readonly
+from inspector.queries import load_rollout
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="needs Debian chromium and chromium-driver (scripts/setup.sh installs them)",
+    ),
+]
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    profile = tempfile.mkdtemp(prefix="harbor-inspector-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(driver, condition, timeout: float = 30):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def _full_page_screenshot(driver, path: Path, selector: str) -> None:
+    """Grow the window to the element's height, so the screenshot shows all of it."""
+    height = driver.execute_script(
+        "const e = document.querySelector(arguments[0]);"
+        "return Math.ceil(e.getBoundingClientRect().bottom + window.scrollY) + 40;",
+        selector,
+    )
+    driver.set_window_size(1400, min(max(1000, height), 6000))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(path))
+
+
+def test_list_then_rollout_page_shows_task_reward_and_mask_colours(real_rollouts, browser):
+    from selenium.webdriver.common.by import By
+
+    engine = open_readonly(real_rollouts.store_url)
+    stored = load_rollout(engine, real_rollouts.agent)
+    engine.dispose()
+    first = stored.turns[0]
+    prompt_len = len(first.prompt_token_ids)
+
+    app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect", decode=decode_token)
+    with serve_in_thread(app) as url:
+        browser.get(f"{url}/inspect/")
+        # The list: every rollout, newest first.
+        _wait(browser, lambda d: real_rollouts.agent in d.find_element(By.ID, "rollout-table").text)
+        table_text = browser.find_element(By.ID, "rollout-table").text
+        for session_id in real_rollouts.ids:
+            assert session_id in table_text
+        assert "unscoreable" in table_text  # reward None is not shown as 0
+        assert "3 rollout(s) match" in browser.find_element(By.ID, "list-info").text
+        _full_page_screenshot(browser, SCREENSHOTS / "list.png", "#rollout-table")
+
+        # Filter in the browser: reward >= 0.5 leaves the agent rollout only.
+        reward_min = browser.find_element(By.CSS_SELECTOR, "#f-reward-min textarea, #f-reward-min input")
+        reward_min.clear()
+        reward_min.send_keys("0.5")
+        browser.find_element(By.ID, "search-btn").click()
+        _wait(browser, lambda d: "1 rollout(s) match" in d.find_element(By.ID, "list-info").text)
+        assert real_rollouts.failed not in browser.find_element(By.ID, "rollout-table").text
+
+        # Open the rollout by clicking its row.
+        cell = next(
+            c
+            for c in browser.find_elements(By.CSS_SELECTOR, "#rollout-table [role=gridcell]")
+            if c.text.strip() == real_rollouts.agent
+        )
+        cell.click()
+        view = _wait(
+            browser,
+            lambda d: d.find_element(By.CSS_SELECTOR, f'.rollout[data-session-id="{real_rollouts.agent}"]'),
+        )
+        assert view.find_element(By.CSS_SELECTOR, ".summary .task-id").text == "builtin/hello-world"
+        assert view.find_element(By.CSS_SELECTOR, ".summary .reward").text == "1"
+        rewards = view.find_element(By.CSS_SELECTOR, "table.rewards").text
+        assert "rewards/tests_passed" in rewards and "rewards/format" in rewards
+        assert "4 passed" in view.find_element(By.CSS_SELECTOR, "pre.verifier").text
+
+        # Mask colours of known tokens: turn 0's first prompt token is context, its first sampled
+        # token is trained (green, strength from its logprob), with the logprob on hover.
+        context = view.find_element(By.CSS_SELECTOR, '#turn-0 .tok[data-pos="0"]')
+        assert context.get_attribute("data-token-id") == str(first.prompt_token_ids[0])
+        assert "m0" in context.get_attribute("class").split()
+        assert context.value_of_css_property("background-color") == "rgba(229, 231, 235, 1)"
+        trained = view.find_element(By.CSS_SELECTOR, f'#turn-0 .tok[data-pos="{prompt_len}"]')
+        assert trained.get_attribute("data-token-id") == str(first.completion_token_ids[0])
+        assert trained.get_attribute("data-mask") == "1"
+        assert "m1" in trained.get_attribute("class").split()
+        colour = trained.value_of_css_property("background-color")
+        assert colour.startswith("rgba(22, 163, 74, "), colour
+        assert f"logprob {first.per_token_logps[0]:.4f}" in trained.get_attribute("title")
+        # The retried call is discarded: drawn as such, and its sampled tokens are not trained.
+        assert (
+            view.find_element(By.CSS_SELECTOR, '.rollout-graph .gnode[data-node-id="t1"]').get_attribute(
+                "data-role"
+            )
+            == "discarded"
+        )
+        assert (
+            view.find_element(By.CSS_SELECTOR, '.rollout-graph .gnode[data-node-id="t4"]').get_attribute(
+                "data-role"
+            )
+            == "auxiliary"
+        )
+        retried = view.find_element(
+            By.CSS_SELECTOR, f'#turn-1 .tok[data-pos="{len(stored.turns[1].prompt_token_ids)}"]'
+        )
+        assert retried.get_attribute("data-mask") == "0"
+        assert retried.value_of_css_property("background-color") == "rgba(209, 213, 219, 1)"
+        _full_page_screenshot(browser, SCREENSHOTS / "rollout.png", ".rollout")
+
+
+def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version(real_rollouts, browser):
+    from selenium.webdriver.common.by import By
+
+    app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect")
+    with serve_in_thread(app) as url:
+        browser.get(f"{url}/inspect/?rollout={real_rollouts.failed}")
+        view = _wait(
+            browser,
+            lambda d: d.find_element(By.CSS_SELECTOR, f'.rollout[data-session-id="{real_rollouts.failed}"]'),
+        )
+        assert view.find_element(By.CSS_SELECTOR, ".summary .reward").text == "unscoreable"
+        assert view.find_element(By.CSS_SELECTOR, ".summary .task-id").text == "builtin/fizzbuzz"
+        # One turn's token view on its own (what long rollouts use past the page's token budget).
+        browser.find_element(By.ID, "turn-btn").click()
+        single = _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
+        assert single.find_elements(By.CSS_SELECTOR, '.tok.m1[data-mask="1"]')
+
+        next(
+            b for b in browser.find_elements(By.CSS_SELECTOR, "button[role=tab]") if b.text == "Runs"
+        ).click()
+        table = _wait(browser, lambda d: d.find_element(By.ID, "runs-table"))
+        # Every run: policy version 3 (reward 1.0), version 4 (one 0.0, one unscoreable).
+        _wait(browser, lambda d: "policy_version" in table.text and "4" in table.text)
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
