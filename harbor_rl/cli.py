@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import typer
 
-from harbor_rl.commands import engine, proxy, tasks
+from harbor_rl.commands import engine, inspect, proxy, serve, tasks
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL.")
 
 proxy.register(app)
 engine.register(app)
 tasks.register(app)
+serve.register(app)
+inspect.register(app)
