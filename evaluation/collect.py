@@ -1,0 +1,438 @@
+"""`harbor collect`: rollouts written as an SFT dataset (`results.jsonl` + `metadata.json`).
+
+    summary = await run_collect(CollectConfig(provider="scripted", datasets=[str(ENV_TASKS_DIR)]),
+                                out_dir=Path("sft"))
+    datasets.load_dataset("json", data_files="sft/results.jsonl")
+
+Episode `i` of a run is `<prefix>-<i:06d>` and always runs task `i % len(tasks)` (tasks in dataset
+order after --task-glob), so an id names the same task across runs. Resume reads what is written,
+skips those ids and the ones `should_keep` dropped before (listed in metadata.json), and refuses a
+file whose ids map to other tasks than this run's plan. A corrupt line (a run killed mid-write, a
+hand edit) is skipped with a warning and left out when the file is rewritten.
+
+Rollouts run on the same in-process Harbor server as `harbor eval` (see `evaluation.rollouts`), so
+the teacher's calls are captured sessions in the trace store too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evaluation.errors import DatasetMisaligned, ProviderError
+from evaluation.jobs import job_store_url, write_json_atomic
+from evaluation.rollouts import LocalHarbor, RolloutOutcome, token_counts
+from evaluation.runner import load_datasets, select_tasks
+from harbor_server.models import RolloutRequest
+from tasks import Dataset
+
+RESULTS_FILE = "results.jsonl"
+METADATA_FILE = "metadata.json"
+FORMAT = "harbor-collect/1"
+Provider = Literal["scripted", "openai"]
+MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
+
+
+class CorruptLineWarning(UserWarning):
+    """A results.jsonl line that is not a valid episode; it is skipped."""
+
+
+class CollectConfig(BaseModel):
+    """One `harbor collect` run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[str]
+    harness: str = "env-factory"
+    sandbox: str = "local"
+    provider: Provider = "openai"
+    """scripted: the model-free script of `evaluation.scripted`; openai: any OpenAI-compatible teacher."""
+    llm_url: str | None = None
+    model: str | None = None
+    num_episodes: int | None = Field(default=None, ge=1)
+    """Episodes in the dataset; None: one per selected task."""
+    prefix: str = Field(default="episode", pattern=r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
+    """Episode ids are `<prefix>-<6 digits>`."""
+    n_concurrent: int = Field(default=4, ge=1)
+    task_globs: list[str] = Field(default_factory=list)
+    keep_losses: bool = False
+    """Keep every episode, unscoreable ones too; otherwise `should_keep` (reward >= min_reward)."""
+    min_reward: float = 0.0
+    agent_timeout_sec: float | None = Field(default=None, gt=0)
+    agent_step_limit: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _teacher_is_reachable(self) -> CollectConfig:
+        if self.provider == "openai" and (self.llm_url is None or self.model is None):
+            raise ValueError("--provider openai needs --llm-url and --model (or use --provider scripted)")
+        return self
+
+
+class Episode(BaseModel):
+    """One line of results.jsonl."""
+
+    episode_id: str
+    messages: list[dict[str, Any]]
+    reward: float | None
+    done: bool
+    """The rollout completed (not timed out, failed or cancelled)."""
+    tool_trace: list[dict[str, Any]]
+    """Every tool call in order: name, arguments, output (None when the episode ended before it was shown)."""
+    metrics: dict[str, Any]
+    verify_metrics: dict[str, float]
+    artifacts: dict[str, Any]
+    task: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def episode_id(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:06d}"
+
+
+def episode_index(prefix: str, eid: str) -> int | None:
+    head, _, digits = eid.rpartition("-")
+    return int(digits) if head == prefix and len(digits) == 6 and digits.isdigit() else None
+
+
+def should_keep(episode: Episode, *, keep_losses: bool = False, min_reward: float = 0.0) -> bool:
+    """Keep every episode with keep_losses; otherwise only scored ones with reward >= min_reward."""
+    if keep_losses:
+        return True
+    return episode.reward is not None and episode.reward >= min_reward
+
+
+def _clean_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: message[k] for k in MESSAGE_KEYS if message.get(k) is not None}
+    out.setdefault("content", "")
+    return out
+
+
+def transcript(outcome: RolloutOutcome, instruction: str) -> list[dict[str, Any]]:
+    """The conversation: the last model call's messages plus its answer (the instruction when none)."""
+    agent_turns = [t for t in outcome.turns if t.metadata.role == "agent"] or outcome.turns
+    if not agent_turns:
+        return [{"role": "user", "content": instruction}]
+    last = agent_turns[-1]
+    messages = [_clean_message(m) for m in last.request.get("messages") or []]
+    choices = last.response.get("choices") or []
+    if choices and choices[0].get("message"):
+        messages.append(_clean_message(choices[0]["message"]))
+    return messages
+
+
+def tool_trace(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    outputs = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+    return [
+        {
+            "call_id": call.get("id"),
+            "name": call["function"]["name"],
+            "arguments": call["function"].get("arguments") or "",
+            "output": outputs.get(call.get("id")),
+        }
+        for m in messages
+        for call in m.get("tool_calls") or []
+    ]
+
+
+def build_episode(
+    eid: str,
+    split: str,
+    task_id: str,
+    instruction: str,
+    outcome: RolloutOutcome,
+    config: CollectConfig,
+    model: str,
+) -> Episode:
+    result = outcome.result
+    messages = transcript(outcome, instruction)
+    prompt_tokens, completion_tokens = token_counts(outcome.turns)
+    reward = None if result.env_reward is None else float(result.env_reward)
+    return Episode(
+        episode_id=eid,
+        messages=messages,
+        reward=reward,
+        done=result.status == "completed" and not result.timed_out,
+        tool_trace=tool_trace(messages),
+        metrics={
+            "model_calls": len(outcome.turns),
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "tool_calls": result.tool_call_count,
+            "tool_failures": result.tool_failures,
+            "wall_time_s": float(result.timings.get("total", 0.0)),
+        },
+        verify_metrics={k: float(v) for k, v in result.rewards.items()},
+        artifacts={
+            "rollout_id": result.rollout_id,
+            "agent_log_tail": result.agent_log_tail,
+            "verifier_output": result.verifier_output,
+        },
+        task={"split": split, "task_id": task_id},
+        extra={
+            "harness": config.harness,
+            "provider": config.provider,
+            "model": model,
+            "status": result.status,
+            "error": result.error or "",
+            "seed": result.seed if result.seed is not None else -1,
+        },
+    )
+
+
+class SFTDataset:
+    """The output folder: results.jsonl appended one fsync'd line per episode, metadata.json beside it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.results = root / RESULTS_FILE
+        self.metadata_path = root / METADATA_FILE
+        self.ids: set[str] = set()
+        self.dropped: set[str] = set()
+        self.metadata: dict[str, Any] = {}
+
+    def read_valid_lines(self) -> list[Episode]:
+        """Every valid episode in results.jsonl; each corrupt line is skipped with a CorruptLineWarning."""
+        if not self.results.exists():
+            return []
+        episodes: dict[str, Episode] = {}
+        for number, line in enumerate(self.results.read_bytes().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                episode = Episode.model_validate_json(line)
+            except ValidationError as exc:
+                reason = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+                warnings.warn(
+                    f"{self.results}:{number}: skipping a corrupt line ({reason})",
+                    CorruptLineWarning,
+                    stacklevel=2,
+                )
+                continue
+            if episode.episode_id in episodes:
+                warnings.warn(
+                    f"{self.results}:{number}: skipping a second line for {episode.episode_id}",
+                    CorruptLineWarning,
+                    stacklevel=2,
+                )
+                continue
+            episodes[episode.episode_id] = episode
+        return list(episodes.values())
+
+    def open(self, plan: Mapping[str, tuple[str, str]], *, resume: bool) -> None:
+        """Load what is there (resume) or refuse to overwrite it; check ids map to the planned tasks."""
+        if not resume and self.results.exists() and self.results.stat().st_size > 0:
+            raise DatasetMisaligned(
+                f"{self.results} already has episodes; pass --resume to continue it or choose another --output"
+            )
+        self.root.mkdir(parents=True, exist_ok=True)
+        episodes = self.read_valid_lines() if resume else []
+        for ep in episodes:
+            planned = plan.get(ep.episode_id)
+            here = (ep.task.get("split"), ep.task.get("task_id"))
+            if planned is not None and here != planned:
+                raise DatasetMisaligned(
+                    f"{self.results}: {ep.episode_id} holds task {here[1]!r} but this run plans {planned[1]!r} "
+                    "for it (the datasets, --task-glob or --prefix changed); use a new --output"
+                )
+        self.ids = {ep.episode_id for ep in episodes}
+        if resume and self.metadata_path.exists():
+            with contextlib.suppress(orjson.JSONDecodeError):
+                self.metadata = orjson.loads(self.metadata_path.read_bytes())
+                self.dropped = set(self.metadata.get("dropped_ids") or []) - self.ids
+        # Rewrite without corrupt or partial lines, so appends start on a clean line.
+        self._rewrite(episodes)
+
+    def _rewrite(self, episodes: list[Episode]) -> None:
+        tmp = self.results.with_name(f".{RESULTS_FILE}.tmp")
+        with tmp.open("wb") as f:
+            for ep in episodes:
+                f.write(orjson.dumps(ep.model_dump(mode="json")) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.results)
+
+    def sort(self) -> None:
+        """Rewrite results.jsonl in episode-id order."""
+        self._rewrite(sorted(self.read_valid_lines(), key=lambda ep: ep.episode_id))
+
+    def append(self, episode: Episode) -> None:
+        with self.results.open("ab") as f:
+            f.write(orjson.dumps(episode.model_dump(mode="json")) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.ids.add(episode.episode_id)
+
+    def drop(self, eid: str) -> None:
+        self.dropped.add(eid)
+
+    def write_metadata(self, base: dict[str, Any], counts: dict[str, int]) -> None:
+        self.metadata = {
+            **self.metadata,
+            **base,
+            "format": FORMAT,
+            "fields": list(Episode.model_fields),
+            "num_written": len(self.ids),
+            "num_dropped": len(self.dropped),
+            "dropped_ids": sorted(self.dropped),
+            "runs": counts,
+            "updated_at": time.time(),
+        }
+        self.metadata.setdefault("created_at", time.time())
+        write_json_atomic(self.metadata_path, self.metadata)
+
+
+class CollectSummary(BaseModel):
+    out_dir: str
+    planned: int
+    written: int
+    dropped: int
+    ran: int
+    skipped: int
+    """Episodes already written or dropped before this run."""
+    errors: int
+    """Episodes of this run without a reward."""
+
+
+@contextlib.asynccontextmanager
+async def teacher(config: CollectConfig) -> AsyncIterator[tuple[str, str]]:
+    """(OpenAI base URL, model) of the teacher; the scripted one is served for the run's duration."""
+    if config.provider == "scripted":
+        from evaluation.scripted import SCRIPTED_MODEL, scripted_teacher
+
+        async with scripted_teacher() as url:
+            yield url, SCRIPTED_MODEL
+        return
+    if config.llm_url is None or config.model is None:  # CollectConfig refuses this; a guard for copies
+        raise ProviderError("--provider openai needs --llm-url and --model (or use --provider scripted)")
+    yield config.llm_url, config.model
+
+
+async def run_collect(
+    config: CollectConfig,
+    *,
+    out_dir: Path,
+    resume: bool = False,
+    store_url: str | None = None,
+    llm_api_key: str | None = None,
+    console: Console | None = None,
+    datasets: Mapping[str, Dataset] | None = None,
+) -> CollectSummary:
+    console = console or Console(stderr=True)
+    datasets = (
+        dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
+    )
+    tasks = select_tasks(datasets, config.task_globs)
+    total = config.num_episodes or len(tasks)
+    plan = {episode_id(config.prefix, i): tasks[i % len(tasks)] for i in range(total)}
+    dataset = SFTDataset(out_dir)
+    dataset.open(plan, resume=resume)
+    todo = [eid for eid in plan if eid not in dataset.ids and eid not in dataset.dropped]
+    skipped = total - len(todo)
+    console.print(
+        f"collect into {out_dir}: {total} episodes planned, {skipped} already done, {len(todo)} to run"
+    )
+    counts = {"ran": 0, "written": 0, "dropped": 0, "errors": 0}
+    base = {
+        "prefix": config.prefix,
+        "num_episodes": total,
+        "datasets": config.datasets,
+        "tasks": [f"{split}/{task_id}" for split, task_id in tasks],
+        "harness": config.harness,
+        "sandbox": config.sandbox,
+        "provider": config.provider,
+        "keep_losses": config.keep_losses,
+        "min_reward": config.min_reward,
+    }
+    if todo:
+        async with teacher(config) as (llm_url, model):
+            base["model"] = model
+            async with LocalHarbor(
+                datasets,
+                sandbox=config.sandbox,
+                llm_url=llm_url,
+                model=model,
+                llm_api_key=llm_api_key,
+                store_url=store_url or job_store_url(out_dir),
+                max_concurrent=config.n_concurrent,
+            ) as harbor:
+                await _run_episodes(
+                    harbor, dataset, config, datasets, plan, todo, model, base, counts, console
+                )
+        dataset.sort()  # concurrent episodes were appended as they ended
+    dataset.write_metadata(base, counts)
+    return CollectSummary(
+        out_dir=str(out_dir),
+        planned=total,
+        written=len(dataset.ids),
+        dropped=len(dataset.dropped),
+        ran=counts["ran"],
+        skipped=skipped,
+        errors=counts["errors"],
+    )
+
+
+async def _run_episodes(
+    harbor: LocalHarbor,
+    dataset: SFTDataset,
+    config: CollectConfig,
+    datasets: Mapping[str, Dataset],
+    plan: Mapping[str, tuple[str, str]],
+    todo: list[str],
+    model: str,
+    base: dict[str, Any],
+    counts: dict[str, int],
+    console: Console,
+) -> None:
+    semaphore = asyncio.Semaphore(config.n_concurrent)
+    progress = Progress(
+        TextColumn("[bold]collect"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("kept {task.fields[kept]}  dropped {task.fields[dropped]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+    async def one(eid: str, bar) -> None:
+        split, task_id = plan[eid]
+        async with semaphore:
+            request = RolloutRequest(
+                split=split,
+                task_id=task_id,
+                harness=config.harness,
+                sandbox=config.sandbox,
+                agent_timeout_sec=config.agent_timeout_sec,
+                agent_step_limit=config.agent_step_limit,
+                purpose="eval",
+                seed=episode_index(config.prefix, eid),
+                episode_id=eid,
+                metadata={"collect": str(dataset.root)},
+            )
+            outcome = await harbor.run(request)
+        instruction = datasets[split].get(task_id).instruction
+        episode = build_episode(eid, split, task_id, instruction, outcome, config, model)
+        counts["ran"] += 1
+        counts["errors"] += episode.reward is None
+        if should_keep(episode, keep_losses=config.keep_losses, min_reward=config.min_reward):
+            dataset.append(episode)
+            counts["written"] += 1
+        else:
+            dataset.drop(eid)
+            counts["dropped"] += 1
+        dataset.write_metadata(base, counts)  # after each episode, so a kill keeps the dropped ids
+        progress.update(bar, advance=1, kept=counts["written"], dropped=counts["dropped"])
+
+    with progress:
+        bar = progress.add_task("collect", total=len(todo), kept=0, dropped=0)
+        await asyncio.gather(*(one(eid, bar) for eid in todo))

@@ -1,0 +1,27 @@
+"""Errors of `harbor eval` and `harbor collect`, each with a message a user can act on."""
+
+from __future__ import annotations
+
+
+class EvaluationError(Exception):
+    """Base of every error this package raises."""
+
+
+class JobConfigMismatch(EvaluationError):
+    """`--resume` of a job whose stored config.json asks for a different run."""
+
+
+class JobNotFound(EvaluationError):
+    """A jobs folder or job that does not exist (or has no config.json)."""
+
+
+class NoTasksSelected(EvaluationError):
+    """The datasets and --task-glob patterns left nothing to run."""
+
+
+class DatasetMisaligned(EvaluationError):
+    """An existing results.jsonl whose episodes do not map to the same tasks as this run's plan."""
+
+
+class ProviderError(EvaluationError):
+    """A teacher provider that cannot be used as configured (e.g. no --llm-url for `openai`)."""

@@ -1,0 +1,147 @@
+"""Rollouts for eval and collect, through the very machinery `harbor serve` uses.
+
+`LocalHarbor` starts a `HarborServer` in this process (its trainer-facing API and its capture port on
+free 127.0.0.1 ports, so agents in sandboxes reach the capture proxy exactly as under `harbor serve`)
+and submits rollouts straight to its `RolloutManager`. Every rollout is a capture session in the
+trace store, so the inspector shows eval and collect runs like training rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from capture_proxy.models import TrainingTurn
+from harbor_server.config import ServeConfig
+from harbor_server.errors import CapacityExceeded
+from harbor_server.models import RolloutRequest, RolloutResult
+from harbor_server.rollouts import ONE_SHOT_HARNESSES
+from harbor_server.server import HarborServer
+from harbor_server.testing import free_port
+from tasks import Dataset
+
+UNUSED_ENGINE_URL = "http://127.0.0.1:9/v1"
+"""Engine URL for harnesses that never call a model (nop, oracle): the server wants one, nothing calls it."""
+UNUSED_MODEL = "none"
+WAIT_SLICE_S = 30.0
+"""Long-poll slice while waiting for a rollout (a cancel of the caller interrupts between slices)."""
+
+
+def engine_for(harness: str, llm_url: str | None, model: str | None) -> tuple[str, str]:
+    """The engine URL and model a run uses; only model-free harnesses may leave them out."""
+    if llm_url is not None and model is not None:
+        return llm_url, model
+    if harness in ONE_SHOT_HARNESSES:
+        return llm_url or UNUSED_ENGINE_URL, model or UNUSED_MODEL
+    missing = " and ".join(n for n, v in (("--llm-url", llm_url), ("--model", model)) if v is None)
+    raise ValueError(f"harness {harness!r} calls a model: give {missing}")
+
+
+@dataclass
+class RolloutOutcome:
+    """A finished rollout and the model calls captured for it."""
+
+    result: RolloutResult
+    turns: list[TrainingTurn]
+
+
+def token_counts(turns: list[TrainingTurn]) -> tuple[int, int]:
+    """(prompt, completion) tokens: the engine's usage when it reported one, else the captured ids."""
+    prompt = completion = 0
+    for turn in turns:
+        usage = turn.response.get("usage") or {}
+        prompt += usage.get("prompt_tokens") or len(turn.prompt_token_ids)
+        completion += usage.get("completion_tokens") or len(turn.completion_token_ids)
+    return prompt, completion
+
+
+class LocalHarbor:
+    """A HarborServer owned by this process; `async with LocalHarbor(...) as harbor: await harbor.run(req)`."""
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Dataset],
+        *,
+        sandbox: str,
+        llm_url: str,
+        model: str,
+        llm_api_key: str | None = None,
+        store_url: str | None = None,
+        max_concurrent: int = 4,
+    ) -> None:
+        config = ServeConfig(
+            datasets=[d.source for d in datasets.values()],
+            llm_url=llm_url,
+            llm_api_key=llm_api_key,
+            model=model,
+            port=free_port(),
+            capture_port=free_port(),
+            # Containers reach the capture port through the bridge gateway; local sandboxes on loopback.
+            capture_host="0.0.0.0" if sandbox != "local" else "127.0.0.1",
+            sandbox=sandbox,
+            store_url=store_url,
+            max_concurrent_envs=max_concurrent,
+            check_engine=False,
+        )
+        self.server = HarborServer(config, datasets=datasets)
+        self._http: asyncio.Task | None = None
+
+    async def __aenter__(self) -> LocalHarbor:
+        await self.server.start()
+        self._http = asyncio.create_task(self.server.run_http(), name="harbor-local-http")
+        await self._wait_serving()
+        return self
+
+    async def _wait_serving(self) -> None:
+        """Until both ports answer /health (or serving failed, which raises why)."""
+        config = self.server.config
+        urls = [f"http://127.0.0.1:{port}/health" for port in (config.port, config.capture_port)]
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            for url in urls:
+                while True:
+                    assert self._http is not None
+                    if self._http.done():
+                        self._http.result()
+                        raise RuntimeError("the in-process harbor server stopped serving at start-up")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get(url)).status_code == 200:
+                            break
+                    await asyncio.sleep(0.05)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.server.request_shutdown()
+        if self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._http
+        await self.server.stop()
+
+    @property
+    def store_url(self) -> str:
+        return self.server.store_url
+
+    async def run(self, request: RolloutRequest) -> RolloutOutcome:
+        """Submit `request`, wait until it ends, return its result and captured turns."""
+        manager = self.server.manager
+        while True:
+            try:
+                state = await manager.submit(request)
+                break
+            except CapacityExceeded:  # another caller's rollout is still being recorded
+                await asyncio.sleep(0.1)
+        try:
+            while not state.done:
+                state = await manager.wait(state.rollout_id, WAIT_SLICE_S)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(manager.cancel(state.rollout_id))
+            raise
+        assert state.result is not None
+        store = self.server.store
+        assert store is not None
+        turns = await asyncio.to_thread(store.get_turns, state.rollout_id)
+        return RolloutOutcome(result=state.result, turns=turns)

@@ -1,0 +1,249 @@
+"""`harbor eval`: every selected task, `attempts` times, through a harness, verified; no training.
+
+    config = EvalConfig(datasets=["builtin"], harness="oracle", attempts=2)
+    summary = await run_eval(config, jobs_dir=Path("jobs"), job_name="oracle-check")
+
+Trials run `n_concurrent` at a time on an in-process Harbor server (see `evaluation.rollouts`); each
+one's result.json is written the moment it ends, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evaluation.errors import NoTasksSelected
+from evaluation.jobs import (
+    EvalConfig,
+    Job,
+    JobSummary,
+    TokenCounts,
+    TrialResult,
+    classify_error,
+    job_store_url,
+    latest_job,
+)
+from evaluation.metrics import passed
+from evaluation.rollouts import LocalHarbor, RolloutOutcome, engine_for, token_counts
+from harbor_server.models import RolloutRequest
+from tasks import Dataset
+
+
+@dataclass(frozen=True)
+class Trial:
+    split: str
+    task_id: str
+    attempt: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.split, self.task_id, self.attempt)
+
+
+def load_datasets(specs: list[str]) -> dict[str, Dataset]:
+    from harbor_server.server import load_datasets as server_load
+
+    return server_load(specs)
+
+
+def select_tasks(datasets: Mapping[str, Dataset], globs: list[str]) -> list[tuple[str, str]]:
+    """(split, task id) of every task matching any glob (all tasks without globs), in dataset order."""
+    selected = [
+        (split, task.id)
+        for split, dataset in datasets.items()
+        for task in dataset
+        if not globs or any(fnmatch.fnmatchcase(task.id, g) for g in globs)
+    ]
+    if not selected:
+        available = ", ".join(t.id for d in datasets.values() for t in d)
+        raise NoTasksSelected(f"no task matches --task-glob {' '.join(globs)!r}; tasks: {available}")
+    return selected
+
+
+def plan_trials(tasks: list[tuple[str, str]], attempts: int) -> list[Trial]:
+    return [Trial(split, task_id, a) for split, task_id in tasks for a in range(attempts)]
+
+
+def trial_result(trial: Trial, outcome: RolloutOutcome, started_at: float, threshold: float) -> TrialResult:
+    result = outcome.result
+    prompt, completion = token_counts(outcome.turns)
+    ok = passed(result.env_reward, threshold)
+    return TrialResult(
+        trial_id=f"{trial.split}/{trial.task_id}/{trial.attempt}",
+        split=trial.split,
+        task_id=trial.task_id,
+        attempt=trial.attempt,
+        rollout_id=result.rollout_id,
+        status=result.status,
+        outcome="error" if ok is None else ("pass" if ok else "fail"),
+        reward=result.env_reward,
+        rewards=result.rewards,
+        error=result.error,
+        error_kind=classify_error(result.status, result.env_reward, result.error, result.timed_out),
+        timed_out=result.timed_out,
+        timings=result.timings,
+        started_at=started_at,
+        finished_at=time.time(),
+        model_calls=len(outcome.turns),
+        tokens=TokenCounts(prompt=prompt, completion=completion),
+        tool_calls_by_name=result.tool_calls_by_name,
+        tool_failures=result.tool_failures,
+    )
+
+
+def runner_error(trial: Trial, exc: Exception, started_at: float) -> TrialResult:
+    """A trial the server refused or lost: an error of kind `runner`, with the reason."""
+    return TrialResult(
+        trial_id=f"{trial.split}/{trial.task_id}/{trial.attempt}",
+        split=trial.split,
+        task_id=trial.task_id,
+        attempt=trial.attempt,
+        status="failed",
+        outcome="error",
+        error=f"{type(exc).__name__}: {exc}",
+        error_kind="runner",
+        started_at=started_at,
+        finished_at=time.time(),
+    )
+
+
+def resolve_job_dir(jobs_dir: Path, job_name: str | None, config: EvalConfig, resume: bool) -> Path:
+    if job_name is not None:
+        return jobs_dir / job_name
+    if resume:
+        return latest_job(jobs_dir)
+    stamp = time.strftime("%Y-%m-%d__%H-%M-%S")
+    return jobs_dir / f"{stamp}__{config.harness}"
+
+
+async def run_eval(
+    config: EvalConfig,
+    *,
+    jobs_dir: Path,
+    job_name: str | None = None,
+    resume: bool = False,
+    store_url: str | None = None,
+    llm_api_key: str | None = None,
+    console: Console | None = None,
+    datasets: Mapping[str, Dataset] | None = None,
+) -> JobSummary:
+    """Run (or resume) one job; returns its summary, also written to <job>/result.json."""
+    console = console or Console(stderr=True)
+    llm_url, model = engine_for(config.harness, config.llm_url, config.model)
+    datasets = (
+        dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
+    )
+    trials = plan_trials(select_tasks(datasets, config.task_globs), config.attempts)
+    job = Job.create_or_resume(resolve_job_dir(jobs_dir, job_name, config, resume), config, resume=resume)
+    finished = job.finished_keys()
+    todo = [t for t in trials if t.key not in finished]
+    started_at, t0 = time.time(), time.monotonic()
+    previous = job.previous_wall_time()
+    console.print(
+        f"job [bold]{job.name}[/] in {job.root}: {len(trials)} trials, "
+        f"{len(trials) - len(todo)} already finished, {len(todo)} to run"
+    )
+    if todo:
+        async with LocalHarbor(
+            datasets,
+            sandbox=config.sandbox,
+            llm_url=llm_url,
+            model=model,
+            llm_api_key=llm_api_key,
+            store_url=store_url or job_store_url(job.root),
+            max_concurrent=config.n_concurrent,
+        ) as harbor:
+            await _run_trials(harbor, job, config, todo, console)
+    summary = job.summarize(
+        planned_trials=len(trials), started_at=started_at, wall_time_s=previous + time.monotonic() - t0
+    )
+    console.print(results_table(summary))
+    console.print(f"traces: harbor inspect --store {store_url or job_store_url(job.root)}")
+    return summary
+
+
+async def _run_trials(
+    harbor: LocalHarbor, job: Job, config: EvalConfig, todo: list[Trial], console: Console
+) -> None:
+    semaphore = asyncio.Semaphore(config.n_concurrent)
+    counts = {"pass": 0, "fail": 0, "error": 0}
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("pass {task.fields[passed]}  fail {task.fields[failed]}  error {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+    async def one(trial: Trial, bar) -> None:
+        async with semaphore:
+            started_at = time.time()
+            sampling = {"sampling": config.sampling} if config.sampling is not None else {}
+            request = RolloutRequest(
+                **sampling,
+                split=trial.split,
+                task_id=trial.task_id,
+                harness=config.harness,
+                sandbox=config.sandbox,
+                model=config.model,
+                llm_url=config.llm_url,
+                agent_timeout_sec=config.agent_timeout_sec,
+                agent_step_limit=config.agent_step_limit,
+                purpose="eval",
+                seed=trial.attempt,
+                episode_id=f"{job.name}/{trial.task_id}/{trial.attempt}",
+                metadata={"eval_job": job.name, "attempt": trial.attempt},
+            )
+            try:
+                result = trial_result(trial, await harbor.run(request), started_at, config.pass_threshold)
+            except Exception as exc:  # one trial's failure is its result, never the job's end
+                result = runner_error(trial, exc, started_at)
+            job.write_trial(result)
+            counts[result.outcome] += 1
+            progress.update(
+                bar, advance=1, passed=counts["pass"], failed=counts["fail"], errors=counts["error"]
+            )
+
+    with progress:
+        bar = progress.add_task(f"{config.harness}", total=len(todo), passed=0, failed=0, errors=0)
+        await asyncio.gather(*(one(t, bar) for t in todo))
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def results_table(summary: JobSummary) -> Table:
+    """The final table: one row per task, then the job's headline numbers in the caption."""
+    s = summary.scores
+    table = Table(title=f"harbor eval {summary.job_name} ({summary.harness}, {summary.model or 'no model'})")
+    table.add_column("task")
+    table.add_column("trials", justify="right")
+    table.add_column("pass", justify="right", style="green")
+    table.add_column("fail", justify="right", style="red")
+    table.add_column("error", justify="right", style="yellow")
+    table.add_column("mean reward", justify="right")
+    for task, row in summary.per_task.items():
+        scored = [r for r in row["rewards"] if r is not None]
+        mean = sum(scored) / len(scored) if scored else None
+        table.add_row(
+            task, str(row["trials"]), str(row["passed"]), str(row["failed"]), str(row["errors"]), _fmt(mean)
+        )
+    at_k = "  ".join(f"pass@{k} {_fmt(v)}" for k, v in s.pass_at_k.items())
+    se = f" ± {_fmt(s.reward_se)}" if s.reward_se is not None else ""
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(summary.errors_by_kind.items())) or "none"
+    table.caption = (
+        f"pass rate {_fmt(s.pass_rate)} ({s.passed}/{s.scored} scored)  {at_k}  mean reward {_fmt(s.mean_reward)}{se}\n"
+        f"errors: {errors}  tokens {summary.tokens['total']}  wall {summary.wall_time_s:.1f} s"
+        + ("" if summary.complete else f"  INCOMPLETE ({s.trials}/{summary.planned_trials} trials)")
+    )
+    return table
