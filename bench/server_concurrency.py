@@ -138,7 +138,7 @@ def harbor_serve(tmp: str, max_envs: int) -> Process:
         "--sandbox", "local", "--store", f"sqlite:///{tmp}/traces.db", "--skip-engine-check",
         "--max-concurrent-envs", str(max_envs),
     ]  # fmt: skip
-    return Process(cmd, port, os.environ | {"HARBOR_RL_RUNS_DIR": os.path.join(tmp, "runs")})
+    return Process(cmd, port, os.environ | {"HARBOR_RUNS_DIR": os.path.join(tmp, "runs")})
 
 
 def reference_server() -> Process:

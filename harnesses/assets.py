@@ -3,7 +3,7 @@
 Sandboxes often cannot reach package registries (no network, or a TLS-intercepting firewall whose CA
 they do not trust), so harnesses never install from the network inside the image. Instead the host
 runs `pip download` / `npm pack` once per pinned version into
-`~/.cache/harbor-rl/harness-assets/<name>-<version>/` (or `$HARBOR_RL_HARNESS_ASSETS`), and the
+`$HARBOR_CACHE_DIR/harness-assets/<name>-<version>/` (default cache `~/.cache/harbor-rl`; or `$HARBOR_HARNESS_ASSETS`), and the
 harness's image layer COPYs that folder in. A folder is complete only once `.complete` exists; it is
 filled under a file lock in a temporary folder and renamed, so concurrent rollouts and crashed fetches
 never see half a download.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harnesses.errors import HarnessAssetError
 
-ASSETS_ENV = "HARBOR_RL_HARNESS_ASSETS"
+ASSETS_ENV = "HARBOR_HARNESS_ASSETS"
 COMPLETE_MARKER = ".complete"
 FETCH_TIMEOUT_S = 900.0
 
@@ -38,7 +38,7 @@ def assets_root() -> Path:
     configured = os.environ.get(ASSETS_ENV)
     if configured:
         return Path(configured).expanduser()
-    return Path.home() / ".cache" / "harbor-rl" / "harness-assets"
+    return Path(os.environ.get("HARBOR_CACHE_DIR") or Path.home() / ".cache" / "harbor-rl") / "harness-assets"
 
 
 def ensure_asset(key: str, fill: Callable[[Path], None]) -> Path:

@@ -66,7 +66,7 @@ def _executor() -> ThreadPoolExecutor:
     default executor (min(32, cores + 4) threads) would cap concurrent rollouts at a handful."""
     global _EXECUTOR
     if _EXECUTOR is None:
-        workers = int(os.environ.get("HARBOR_RL_DOCKER_THREADS", "256"))
+        workers = int(os.environ.get("HARBOR_DOCKER_THREADS", "256"))
         _EXECUTOR = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="harbor-rl-docker")
     return _EXECUTOR
 

@@ -66,8 +66,8 @@ Isolation = Literal["auto", "bwrap", "none"]
 
 
 def default_root() -> Path:
-    """Where per-rollout folders live: `$HARBOR_RL_RUNS_DIR/tmp/sandboxes` (default `runs/`)."""
-    return Path(os.environ.get("HARBOR_RL_RUNS_DIR", "runs")).resolve() / "tmp" / "sandboxes"
+    """Where per-rollout folders live: `$HARBOR_RUNS_DIR/tmp/sandboxes` (default `runs/`)."""
+    return Path(os.environ.get("HARBOR_RUNS_DIR", "runs")).resolve() / "tmp" / "sandboxes"
 
 
 class LocalBackend:

@@ -21,7 +21,7 @@ Row schema of a Hugging Face task dataset (one row = one task folder):
 
 `task_to_row(path)` builds such a row from a task folder, so `datasets.Dataset.from_list([...])`
 then `push_to_hub` publishes a local dataset. Rows are written out under the cache folder
-(`$HARBOR_RL_CACHE` or `~/.cache/harbor-rl`) in a folder named by the row's content hash, then loaded
+(`$HARBOR_CACHE_DIR` or `~/.cache/harbor-rl`) in a folder named by the row's content hash, then loaded
 like any task, so a malformed row fails exactly as a malformed folder would.
 """
 
@@ -148,7 +148,7 @@ def load_hf(repo: str, *, split: str, cache_dir: Path | None = None) -> Dataset:
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("HARBOR_RL_CACHE", Path.home() / ".cache" / "harbor-rl"))
+    return Path(os.environ.get("HARBOR_CACHE_DIR", Path.home() / ".cache" / "harbor-rl"))
 
 
 def _hf_rows(repo: str, split: str) -> list[dict[str, Any]]:

@@ -3,14 +3,14 @@
 #
 # Docker Hub is unreachable here, so the image is a debootstrapped Debian rootfs imported with
 # `docker import`. Skips when the image already exists; the rootfs tarball is kept under
-# $HARBOR_RL_CACHE_DIR (default /var/cache/harbor-rl) so a CI cache can restore it and the next run
+# $HARBOR_SANDBOX_BASE_CACHE (default /var/cache/harbor-rl) so a CI cache can restore it and the next run
 # only re-imports it (seconds instead of a minute).
 set -euo pipefail
 
 IMAGE="${HARBOR_SANDBOX_BASE_IMAGE:-harbor-rl/sandbox-base:bookworm}"
 SUITE="${HARBOR_SANDBOX_BASE_SUITE:-bookworm}"
 MIRROR="${HARBOR_SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
-CACHE_DIR="${HARBOR_RL_CACHE_DIR:-/var/cache/harbor-rl}"
+CACHE_DIR="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}"
 PACKAGES="python3,python3-pytest,python3-venv,python3-pip,git,ca-certificates,procps,curl,bash,coreutils,findutils,grep,sed,gawk,diffutils,patch,less,file,make,tar,gzip,xz-utils,unzip"
 # The tarball name carries a hash of what goes into it, so changing the package list rebuilds it.
 RECIPE_HASH="$(printf '%s|%s|%s' "$SUITE" "$PACKAGES" "v1" | sha256sum | cut -c1-12)"

@@ -9,9 +9,9 @@ import pytest
 
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch) -> Path:
-    """HARBOR_RL_RUNS_DIR for this test: local sandboxes' folders and the default store live here."""
+    """HARBOR_RUNS_DIR for this test: local sandboxes' folders and the default store live here."""
     path = tmp_path / "runs"
-    monkeypatch.setenv("HARBOR_RL_RUNS_DIR", str(path))
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(path))
     return path
 
 

@@ -78,7 +78,7 @@ def test_killed_collect_resumes_with_the_same_ids_on_the_same_tasks(tmp_path, ru
     out = tmp_path / "sft"
     args = [HARBOR, "collect", "--provider", "scripted", "-n", "10", "--n-concurrent", "1",
             "--output", str(out), "--store", store_url]  # fmt: skip
-    env = dict(os.environ, HARBOR_RL_RUNS_DIR=str(runs_dir))
+    env = dict(os.environ, HARBOR_RUNS_DIR=str(runs_dir))
     proc = subprocess.Popen(
         args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

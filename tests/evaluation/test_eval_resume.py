@@ -28,7 +28,7 @@ def test_killed_run_resumes_with_one_result_per_trial(tmp_path, runs_dir, store_
         (t, a) for t in ("fix-csv-export", "fix-pagination", "lru-cache", "parse-dotenv") for a in range(2)
     }
     assert {t for t, _ in planned} <= set(load_dataset_spec("builtin").ids)
-    env = dict(os.environ, HARBOR_RL_RUNS_DIR=str(runs_dir))
+    env = dict(os.environ, HARBOR_RUNS_DIR=str(runs_dir))
     # Its own process group: the kill takes the sandboxes' processes with it, as a crash would.
     proc = subprocess.Popen(
         args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

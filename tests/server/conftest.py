@@ -38,7 +38,7 @@ def make_config(tmp_path: Path, **overrides) -> ServeConfig:
 @pytest.fixture
 def sandbox_root(tmp_path, monkeypatch) -> Path:
     """Local sandboxes' folders under this test's tmp dir, so a leftover is visible and cleaned."""
-    monkeypatch.setenv("HARBOR_RL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     return tmp_path / "runs" / "tmp" / "sandboxes"
 
 

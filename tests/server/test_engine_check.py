@@ -72,7 +72,7 @@ def _serve_cmd(tmp_path, llm_url: str, *extra: str) -> tuple[list[str], int]:
 
 
 def _run_until_ready(cmd: list[str], port: int, tmp_path) -> tuple[subprocess.Popen, str]:
-    env = os.environ | {"HARBOR_RL_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"}
+    env = os.environ | {"HARBOR_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -61,7 +61,7 @@ def broken_dataset(root: Path) -> Path:
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):
-    monkeypatch.setenv("HARBOR_RL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     config = ServeConfig(
         datasets=[str(ENV_TASKS_DIR), "builtin", str(broken_dataset(tmp_path))],
         model="tiny",
