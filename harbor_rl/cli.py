@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typer
 
-from harbor_rl.commands import engine, inspect, proxy, serve, tasks
+from harbor_rl.commands import collect, engine, inspect, proxy, serve, tasks
+from harbor_rl.commands import eval as eval_cmd
+from harbor_rl.commands import train as train_cmd
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL.")
 
@@ -17,3 +19,6 @@ engine.register(app)
 tasks.register(app)
 serve.register(app)
 inspect.register(app)
+eval_cmd.register(app)
+collect.register(app)
+train_cmd.register(app)

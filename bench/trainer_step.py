@@ -1,0 +1,211 @@
+"""Trainer step benchmark: packed tokens vs unique tokens for long multi-turn rollouts, and training
+tokens/s of padding-free vs padded batches, measured side by side in one run on the tiny model.
+
+    python bench/trainer_step.py [--quick]
+
+A rollout of N turns grows the way an agent's conversation does: each call's prompt is the previous
+call's prompt + completion + a tool output. Rows come from `capture_proxy.rows.build_training_rows`
+(consecutive extensions merge into one row), so packed tokens should equal the unique tokens of the
+rollout (target: packed/unique < 1.1); `per-turn` is what training each call as its own sequence costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from capture_proxy.models import TrainingTrace  # noqa: E402
+from capture_proxy.rows import build_training_rows  # noqa: E402
+from trainer.config import AsyncGRPOConfig  # noqa: E402
+from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer  # noqa: E402
+from trainer.grpo import HarnessAsyncGRPOTrainer  # noqa: E402
+from trainer.packing import TrainItem  # noqa: E402
+
+SYSTEM, COMPLETION, TOOL = 200, 30, 50
+
+
+def rollout(turns: int, rng: random.Random, session: str, compact_every: int = 0) -> TrainingTrace:
+    """A multi-turn trace; with `compact_every`, history is rewritten (a new root) that often."""
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(10, 4000) for _ in range(n)]
+
+    system = ids(SYSTEM)
+    context = list(system)
+    out = []
+    for i in range(turns):
+        if compact_every and i and i % compact_every == 0:
+            context = system + ids(20)  # a summary replaces the history
+        completion = ids(COMPLETION)
+        out.append({
+            "node_id": f"n{i}", "prompt_token_ids": list(context), "completion_token_ids": completion,
+            "per_token_logps": [-1.0] * COMPLETION, "loss_mask": [0] * len(context) + [1] * COMPLETION,
+            "request": {"messages": [{"role": "user", "content": "task"}], "tools": [{"type": "function",
+                        "function": {"name": "bash", "parameters": {"type": "object"}}}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": "x"}}]},
+            "metadata": {"policy_version": 0},
+        })  # fmt: skip
+        context = context + completion + ids(TOOL)
+    return TrainingTrace.model_validate({"session_id": session, "turns": out, "multi_step_task": True})
+
+
+def unique_tokens(trace: TrainingTrace) -> int:
+    """Distinct token positions of the rollout tree: a turn adds what its prompt does not share with an
+    earlier call's prompt + completion, plus its completion."""
+    seen: list[list[int]] = []
+    total = 0
+    for turn in trace.turns:
+        prompt = turn.prompt_token_ids
+        shared = 0
+        for prev in seen:
+            n = 0
+            for a, b in zip(prev, prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            shared = max(shared, n)
+        total += len(prompt) - shared + len(turn.completion_token_ids)
+        seen.append(prompt + turn.completion_token_ids)
+    return total
+
+
+def packing_table(turn_counts: list[int]) -> Table:
+    rng = random.Random(0)
+    table = Table(title="Packed vs unique tokens per rollout (rows from build_training_rows)")
+    for col in ("turns", "history", "rows", "unique", "packed", "packed/unique", "per-turn", "per-turn/unique",
+                "rows build ms"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for turns in turn_counts:
+        for label, compact in (("extensions", 0), ("compaction/10", 10)):
+            trace = rollout(turns, rng, f"s{turns}{label}", compact_every=compact)
+            t0 = time.perf_counter()
+            rows = build_training_rows(trace)
+            build_ms = (time.perf_counter() - t0) * 1000
+            packed = sum(len(r.input_ids) for r in rows)
+            unique = unique_tokens(trace)
+            per_turn = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in trace.turns)
+            table.add_row(str(turns), label, str(len(rows)), str(unique), str(packed), f"{packed / unique:.3f}",
+                          str(per_turn), f"{per_turn / unique:.1f}", f"{build_ms:.1f}")  # fmt: skip
+    return table
+
+
+def bench_model(shape: str, device: str) -> torch.nn.Module:
+    """The tiny model, or a wider/deeper random Qwen2 with the same tokenizer (`medium`, ~150M params)."""
+    model, _ = load_model_and_tokenizer(build_tiny_model(0))
+    if shape == "medium":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        tiny = model.config
+        config = Qwen2Config(
+            vocab_size=tiny.vocab_size,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            pad_token_id=tiny.pad_token_id,
+        )
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+    return model.to(device)
+
+
+def logprob_agreement(model: torch.nn.Module, items: list[TrainItem], device: str) -> float:
+    """Largest |logp packed - logp padded| over trained tokens: packing must not change the numbers."""
+    from trainer.grpo import _to
+    from trainer.logprobs import token_logprobs
+    from trainer.packing import pack
+
+    got = []
+    with torch.no_grad():
+        for padding_free in (True, False):
+            batch = _to(pack(items, padding_free=padding_free), torch.device(device))
+            lp = token_logprobs(model, batch).logps
+            got.append(torch.cat([lp[batch.sequence_ids == i][batch.loss_mask[batch.sequence_ids == i] > 0]
+                                  for i in range(batch.num_sequences)]))  # fmt: skip
+    return float((got[0] - got[1]).abs().max())
+
+
+def throughput_table(turns: int, rollouts: int, repeats: int, shape: str, device: str, bf16: bool) -> Table:
+    torch.set_num_threads(1)
+    model = bench_model(shape, device)
+    rng = random.Random(1)
+    # Rollouts of different lengths, as a group has: padding has something to waste.
+    items = []
+    for i in range(rollouts):
+        trace = rollout(max(2, turns * (i + 1) // rollouts), rng, f"t{i}")
+        items.extend(TrainItem(row, 1.0 if i % 2 else -1.0) for row in build_training_rows(trace))
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    table = Table(
+        title=f"Training step, {shape} model ({params:.0f}M params) on {device}{' bf16' if bf16 else ''}: "
+        f"{rollouts} rollouts of up to {turns} turns"
+    )
+    for col in (
+        "batches",
+        "tokens in batch",
+        "trained tokens",
+        "step s",
+        "training tok/s",
+        "speed vs padded",
+    ):
+        table.add_column(col, justify="right")
+    results = {}
+    for padding_free in (True, False):
+        config = AsyncGRPOConfig(num_generations=1, per_device_train_batch_size=rollouts, padding_free=padding_free,
+                                 learning_rate=1e-5, report_to="none", bf16=bf16)  # fmt: skip
+        trainer = HarnessAsyncGRPOTrainer(model, lambda **_: None, config, train_dataset=[{}])
+        trainer._optimize(items)  # warm-up (allocator, kernels)
+        best = None
+        for _ in range(repeats):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            _, num_tokens, trained = trainer._optimize(items)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+            best = elapsed if best is None else min(best, elapsed)
+        padded_tokens = len(items) * max(len(i.row.input_ids) for i in items)
+        results[padding_free] = (num_tokens if padding_free else padded_tokens, num_tokens, trained, best)
+    padded_time = results[False][3]
+    for padding_free in (True, False):
+        in_batch, real, trained, best = results[padding_free]
+        table.add_row("padding-free" if padding_free else "padded", str(in_batch), str(trained), f"{best:.3f}",
+                      f"{real / best:,.0f}", f"{padded_time / best:.2f}x")  # fmt: skip
+    table.caption = (
+        f"max |logp packed - logp padded| on trained tokens: {logprob_agreement(model, items, device):.2e}"
+    )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer turns and repeats (a smoke run)")
+    parser.add_argument("--device", default="cpu", help="torch device for the training step (cpu, cuda)")
+    parser.add_argument("--shape", choices=["tiny", "medium"], default="tiny", help="model size for the step")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast in the training step")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts in the timed step")
+    args = parser.parse_args()
+    console = Console(width=150)
+    console.print(packing_table([5, 20] if args.quick else [5, 20, 50]))
+    console.print(throughput_table(turns=5 if args.quick else 20, rollouts=args.rollouts,
+                                   repeats=1 if args.quick else 3, shape=args.shape, device=args.device,
+                                   bf16=args.bf16))  # fmt: skip
+    console.print(
+        "[dim]training tok/s: real (non-padding) tokens per second of forward + backward + optimizer step.[/]"
+    )
+
+
+if __name__ == "__main__":
+    main()

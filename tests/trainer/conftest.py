@@ -1,0 +1,34 @@
+"""Fixtures: the tiny model (built once per session) and the real embedded engine over uvicorn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.engine.conftest import Engine, engine_app, serve
+from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _few_threads():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(seed=0, cache_dir=tmp_path_factory.mktemp("harbor-cache"))
+
+
+@pytest.fixture
+def tiny_model(tiny_dir):
+    model, tokenizer = load_model_and_tokenizer(tiny_dir)
+    return model, tokenizer
+
+
+@pytest.fixture
+def fresh_engine(tiny_dir):
+    app = engine_app(tiny_dir)
+    with serve(app) as url:
+        yield Engine(url, app)

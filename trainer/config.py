@@ -1,0 +1,169 @@
+"""`AsyncGRPOConfig`: every knob of the async GRPO trainer, typed, validated, with TRL's names and defaults.
+
+    config = AsyncGRPOConfig(num_generations=8, max_concurrent_rollouts=8, vllm_server_base_url=vllm_url)
+    config = AsyncGRPOConfig.from_yaml("grpo.yaml", max_steps=20)   # file, then overrides
+
+Units: one *step* is one optimizer update; it consumes `per_device_train_batch_size *
+gradient_accumulation_steps` rollouts, i.e. that many / `num_generations` groups of the same task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.errors import TrainerConfigError
+
+ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
+ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
+
+
+class AsyncGRPOConfig(BaseModel):
+    """Configuration of `HarnessAsyncGRPOTrainer` (DESIGN.md 3.9)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # -- run ----------------------------------------------------------------------------------------
+    output_dir: str = "runs/grpo"
+    """Folder for checkpoints (`checkpoint-<step>/`) and the metrics file (`metrics.jsonl`)."""
+    seed: int = 0
+    """Seeds torch, the prompt order and every rollout's sampling seed."""
+    max_steps: int = Field(default=100, ge=1)
+    """Optimizer steps to run (a resumed run continues up to this total)."""
+    shuffle_dataset: bool = True
+    """Visit the prompts in a seeded permutation per epoch (else in dataset order)."""
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    num_generations: int = Field(default=8, ge=1)
+    """Rollouts per task in one group; advantages compare the members of a group."""
+    max_concurrent_rollouts: int = Field(default=8, ge=1)
+    """Rollouts in flight at once. The server needs MAX_CONCURRENT_ENVS >= this + 1."""
+    max_staleness: int = Field(default=4, ge=0)
+    """How many policy versions a sample may lag the trainer's weights. New groups are not started
+    when they would be older than this by the time they are trained (admission control); groups that
+    still end up older are dropped and counted."""
+    rollout_timeout_s: float = Field(default=900.0, gt=0)
+    """Seconds the worker waits for one rollout to finish before counting it as failed."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature sent to the engine; the trainer's logprobs use the same one."""
+    max_completion_length: int | None = Field(default=None, ge=1)
+    """`max_tokens` per model call sent with the sampling policy (None: the harness's own)."""
+
+    # -- engine and weight sync ---------------------------------------------------------------------
+    vllm_server_base_url: str | None = None
+    """Engine that serves the policy (vLLM or `harbor engine`); weights are pushed here. None: no
+    weight sync (the engine keeps its weights, which only makes sense for tests of the data path)."""
+    weight_sync_backend: Literal["nccl", "gloo"] = "nccl"
+    """`nccl` for vLLM on a GPU, `gloo` for the embedded engine."""
+    weight_sync_steps: int = Field(default=1, ge=1)
+    """Push the weights to the engine every this many optimizer steps."""
+
+    # -- optimisation -------------------------------------------------------------------------------
+    learning_rate: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (constant)."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    adam_beta2: float = Field(default=0.99, ge=0, lt=1)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
+    per_device_train_batch_size: int = Field(default=8, ge=1)
+    """Rollouts per micro-batch (each rollout may give several rows)."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-batches per optimizer step."""
+    max_tokens_per_batch: int | None = Field(default=None, ge=1)
+    """Token budget of one forward pass; a micro-batch larger than this is split (None: no budget)."""
+    padding_free: bool = True
+    """Pack rows into one sequence with per-row position ids; False pads them into a (rows, length) batch.
+    Packing wastes no token on padding, but with `sdpa`/`eager` attention transformers builds a
+    block-diagonal mask over the whole pack, so attention costs (pack length)^2: measured on an H200
+    (bench/trainer_step.py, 185M model, 8 rollouts of up to 20 turns) packed steps ran 0.8x the speed of
+    padded ones. Bound packs with `max_tokens_per_batch`, or use a varlen (flash-attention) kernel."""
+    bf16: bool = False
+    """Run forward passes under bfloat16 autocast (weights stay float32)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+
+    # -- loss ---------------------------------------------------------------------------------------
+    epsilon: float = Field(default=0.2, gt=0, lt=1)
+    """Lower clip of the policy ratio: r is clipped to [1 - epsilon, 1 + epsilon_high]."""
+    epsilon_high: float | None = Field(default=None, gt=0)
+    """Upper clip; None means the same as `epsilon`."""
+    importance_sampling_mode: ImportanceSamplingMode = "token_truncate"
+    """How w = pi_prox / pi_behavior corrects for the engine's sampling policy: clamp (`*_truncate`) or
+    zero (`*_mask`) w outside [importance_sampling_min, importance_sampling_max], per token or on the
+    sequence's summed log-ratio; `none`: w = 1 and the behaviour logprobs stand in for pi_prox."""
+    importance_sampling_min: float = Field(default=0.0, ge=0)
+    """Lower bound of w (0: no lower bound)."""
+    importance_sampling_max: float = Field(default=3.0, gt=0)
+    """Upper bound of w."""
+
+    # -- logging and checkpoints --------------------------------------------------------------------
+    report_to: ReportTo = "auto"
+    """`auto`: trackio when installed, else the JSONL file only. The JSONL file is always written."""
+    run_name: str | None = None
+    """Name of the run in trackio / W&B (default: the output folder's name)."""
+    logging_steps: int = Field(default=1, ge=1)
+    """Log metrics every this many steps."""
+    save_steps: int = Field(default=0, ge=0)
+    """Save a checkpoint every this many steps (0: only at the end of the run)."""
+    save_total_limit: int | None = Field(default=None, ge=1)
+    """Keep at most this many checkpoints, deleting the oldest (None: keep all)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AsyncGRPOConfig:
+        if self.rollouts_per_step % self.num_generations:
+            raise ValueError(
+                f"per_device_train_batch_size * gradient_accumulation_steps = {self.rollouts_per_step} "
+                f"rollouts per step must be a multiple of num_generations = {self.num_generations} "
+                "(a step trains whole groups)"
+            )
+        if self.importance_sampling_min >= self.importance_sampling_max:
+            raise ValueError(
+                f"importance_sampling_min ({self.importance_sampling_min}) must be below "
+                f"importance_sampling_max ({self.importance_sampling_max})"
+            )
+        return self
+
+    @property
+    def rollouts_per_step(self) -> int:
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.rollouts_per_step // self.num_generations
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> AsyncGRPOConfig:
+        """Load a YAML mapping of these fields; `overrides` (e.g. from CLI flags) win over the file."""
+        import yaml
+
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise TrainerConfigError(f"cannot read config file {path}: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise TrainerConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise TrainerConfigError(
+                f"config file {path} must hold a mapping of settings, not {type(data).__name__}"
+            )
+        return cls.validated({**data, **overrides}, where=str(path))
+
+    @classmethod
+    def validated(cls, data: dict[str, Any], where: str = "config") -> AsyncGRPOConfig:
+        """Build from a mapping, turning pydantic's errors into one TrainerConfigError naming the keys."""
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
+                for e in exc.errors()
+            )
+            raise TrainerConfigError(f"invalid trainer settings in {where}: {problems}") from exc

@@ -1,0 +1,323 @@
+"""`HarnessAsyncGRPOTrainer`: GRPO on rollouts that harnesses run on their own (DESIGN.md 3.9).
+
+    factory = partial(HarborSessionFactory, "http://localhost:8200", split="builtin", harness="env-factory",
+                      sandbox="local", llm_url=engine_url + "/v1", model="tiny")
+    trainer = HarnessAsyncGRPOTrainer(model, factory, AsyncGRPOConfig(...), train_dataset=rows)
+    trainer.train()
+
+Two loops joined by a queue: the rollout worker (trainer.rollout_worker) runs groups of sessions through
+the factory while this loop trains on the groups that finished. A step takes `groups_per_step` fresh
+groups, turns each rollout's trace into rows (capture_proxy.rows), gives every row its rollout's group
+advantage, packs the rows, and makes one optimizer update with the loss of trainer.loss. Every
+`weight_sync_steps` steps the weights go to the engine (WeightSyncClient), whose new policy version new
+samples then carry.
+
+The proximal policy is the trainer's own logprob at the weights the batch started from. One optimizer
+update is made per batch, so those are the weights of the forward pass itself: logp_prox is the
+detached logp_theta (no second forward pass), r = 1 with the gradient of the policy-gradient term, and
+w = pi_prox / pi_behavior corrects for the engine's lag (staleness, numerics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.advantages import group_advantages
+from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
+from trainer.config import AsyncGRPOConfig
+from trainer.errors import TrainerConfigError
+from trainer.logprobs import token_logprobs
+from trainer.loss import LossSettings, grpo_loss
+from trainer.metrics import MetricsLogger
+from trainer.outcome import HarnessRolloutOutcome
+from trainer.packing import TrainItem, pack, split_by_tokens
+from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
+
+log = logging.getLogger(__name__)
+
+RolloutRewardFn = Callable[[HarnessRolloutOutcome], "float | None"]
+
+
+def _load_model(model: Any) -> tuple[torch.nn.Module, Any]:
+    if isinstance(model, torch.nn.Module):
+        return model, None
+    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+
+    loaded, tokenizer = load_model_and_tokenizer(resolve_model_path(str(model)))
+    return loaded, tokenizer
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class HarnessAsyncGRPOTrainer:
+    def __init__(
+        self,
+        model: torch.nn.Module | str,
+        harness_session_factory: Callable[..., Any],
+        args: AsyncGRPOConfig | None = None,
+        train_dataset: Sequence[dict[str, Any]] | None = None,
+        rollout_reward_fn: RolloutRewardFn | None = None,
+        processing_class: Any = None,
+        weight_sync: Any = None,
+        step_callback: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
+        """`harness_session_factory` is called once as `factory(sampling=...)` with the trainer's sampling
+        policy and must return an object with `create(task, seed=, episode_id=)` (HarborSessionFactory,
+        or its async twin). `weight_sync` overrides the WeightSyncClient built from
+        `args.vllm_server_base_url`. `step_callback(step, metrics)` runs after every step."""
+        self.args = args or AsyncGRPOConfig()
+        if not train_dataset:
+            raise TrainerConfigError("train_dataset is empty: the trainer needs prompt rows to roll out")
+        self.model, tokenizer = _load_model(model)
+        self.tokenizer = processing_class or tokenizer
+        self.factory_builder = harness_session_factory
+        self.train_dataset = train_dataset
+        self.reward_fn = rollout_reward_fn
+        self.step_callback = step_callback
+        self.loss_settings = LossSettings.from_config(self.args)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            weight_decay=self.args.weight_decay,
+        )
+        self.schedule = PromptSchedule(len(train_dataset), self.args.seed, self.args.shuffle_dataset)
+        self.step = 0
+        self.policy_version = 0
+        self.weight_sync = weight_sync
+        if self.weight_sync is None and self.args.vllm_server_base_url:
+            from trainer.weight_sync import WeightSyncClient
+
+            self.weight_sync = WeightSyncClient(
+                self.args.vllm_server_base_url, backend=self.args.weight_sync_backend
+            )
+        self.worker: RolloutWorker | None = None
+        self.history: list[dict[str, Any]] = []
+        self.consumed_positions: list[int] = []
+        """Prompt positions this trainer took off the queue, in order (trained or dropped as stale)."""
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | Path | bool | None = None) -> list[dict[str, Any]]:
+        """Run until `max_steps`; returns the logged metrics, one dict per logged step."""
+        args = self.args
+        torch.manual_seed(args.seed)
+        if args.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
+            self.model.gradient_checkpointing_enable()
+        if resume_from_checkpoint:
+            self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
+        if self.weight_sync is not None:
+            # The engine must serve exactly these weights before any sample is taken (a resumed run's
+            # weights differ from the engine's), and tell us its version.
+            self._sync_weights()
+        run_name = args.run_name or Path(args.output_dir).resolve().name
+        metrics_log = MetricsLogger(args.output_dir, args.report_to, run_name, args.model_dump())
+        factory = self.factory_builder(sampling=sampling_policy(args))
+        self.worker = RolloutWorker(
+            factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn
+        )
+        self.worker.start()
+        self.model.train()
+        try:
+            while self.step < args.max_steps:
+                metrics = self._train_step()
+                self.step += 1
+                if self.weight_sync is not None and self.step % args.weight_sync_steps == 0:
+                    metrics["weight_sync_time_s"] = self._sync_weights()
+                metrics["policy_version"] = self.policy_version
+                if self.step % args.logging_steps == 0 or self.step == args.max_steps:
+                    metrics_log.log(metrics, self.step)
+                    self.history.append({"step": self.step, **metrics})
+                if args.save_steps and self.step % args.save_steps == 0 and self.step < args.max_steps:
+                    self.save()
+                if self.step_callback is not None:
+                    self.step_callback(self.step, metrics)
+            if self.weight_sync is not None and self.step % args.weight_sync_steps:
+                self._sync_weights()  # the engine ends on the final weights
+            self.save()
+        finally:
+            self.worker.stop()
+            metrics_log.close()
+        return self.history
+
+    def _train_step(self) -> dict[str, Any]:
+        args = self.args
+        t_wait = time.monotonic()
+        groups, dropped = self._take_groups()
+        wait_s = time.monotonic() - t_wait
+        items, stats = self._items(groups)
+        t0 = time.monotonic()
+        sums, num_tokens, trained = self._optimize(items)
+        train_s = time.monotonic() - t0
+        metrics = dict(stats)
+        for key, value in sums.items():
+            metrics[key] = value / trained if trained else 0.0
+        metrics.update({
+            "num_tokens": num_tokens,
+            "num_trained_tokens": trained,
+            "training_tok/s": num_tokens / train_s if train_s > 0 else 0.0,
+            "rollout_wait_s": wait_s,
+            "buffer_qsize": self.worker.qsize,
+            "staleness/dropped_groups": dropped,
+            "rollout/failed_total": self.worker.failed_rollouts,
+            "learning_rate": args.learning_rate,
+        })  # fmt: skip
+        return metrics
+
+    def _take_groups(self) -> tuple[list[RolloutGroup], int]:
+        groups: list[RolloutGroup] = []
+        dropped = 0
+        gate = self.worker.gate
+        while len(groups) < self.args.groups_per_step:
+            group = self.worker.next_group(timeout_s=self.args.rollout_timeout_s * 2)
+            self.schedule.consume(group.position)
+            self.consumed_positions.append(group.position)
+            if gate.is_stale(group.policy_version, self.policy_version):
+                dropped += 1
+                log.info("dropped group %d: sampled at version %d, trainer at %d", group.position,
+                         group.policy_version, self.policy_version)  # fmt: skip
+                continue
+            groups.append(group)
+        return groups, dropped
+
+    def _items(self, groups: list[RolloutGroup]) -> tuple[list[TrainItem], dict[str, Any]]:
+        """Rows with their rollout's advantage, plus the rollout metrics of these groups."""
+        items: list[TrainItem] = []
+        rewards, stds, zero_spread, staleness, lengths = [], [], 0, [], []
+        env_rewards, calls_per_rollout, failures, calls_total = [], [], 0, 0
+        failed = sum(s.failed for g in groups for s in g.samples)
+        for group in groups:
+            adv = group_advantages([s.reward for s in group.samples])
+            zero_spread += adv.zero_spread
+            if adv.std is not None:
+                stds.append(adv.std)
+            group_calls = [s.outcome.tool_call_count for s in group.samples if s.outcome is not None]
+            if any(group_calls):  # tool metrics count only groups where some rollout used tools (TRL)
+                calls_per_rollout.extend(group_calls)
+                calls_total += sum(group_calls)
+                failures += sum(s.outcome.tool_failure_count for s in group.samples if s.outcome is not None)
+            for sample, advantage in zip(group.samples, adv.advantages, strict=True):
+                if sample.reward is not None:
+                    rewards.append(sample.reward)
+                if sample.outcome is not None:
+                    lengths.append(sample.outcome.completion_tokens)
+                    if sample.outcome.env_reward is not None:
+                        env_rewards.append(sample.outcome.env_reward)
+                if sample.policy_version is not None:
+                    staleness.append(self.policy_version - sample.policy_version)
+                if advantage is None or adv.zero_spread:
+                    continue  # unscoreable, or a group without signal: nothing to learn
+                items.extend(TrainItem(row, advantage) for row in sample.rows)
+        reward_name = (
+            getattr(self.reward_fn, "__name__", "rollout_reward_fn") if self.reward_fn else "env_reward"
+        )
+        n = max(len(groups), 1)
+        stats: dict[str, Any] = {
+            "reward": _mean(rewards),
+            "reward_std": _mean(stds),
+            f"rewards/{reward_name}": _mean(rewards),
+            "frac_reward_zero_std": zero_spread / n,
+            "completions/mean_length": _mean(lengths),
+            "staleness": _mean(staleness),
+            "staleness/max": max(staleness) if staleness else None,
+            "rollout/failed": failed,
+            "rollout/scoreable": len(rewards),
+            "tools/call_frequency": _mean(calls_per_rollout),
+            "tools/failure_frequency": failures / calls_total if calls_total else None,
+        }
+        if self.reward_fn is not None:
+            stats["rollout/correctness_mean"] = _mean(env_rewards)
+        return items, {k: v for k, v in stats.items() if v is not None}
+
+    def _optimize(self, items: list[TrainItem]) -> tuple[dict[str, float], int, int]:
+        """One optimizer update over `items`; returns metric sums over trained tokens, tokens seen, trained."""
+        args = self.args
+        trained = sum(item.row.num_trained_tokens for item in items)
+        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        num_tokens = 0
+        if trained == 0:
+            return {}, 0, 0
+        # Micro-batches of per_device_train_batch_size rows, each cut further by the token budget.
+        size = args.per_device_train_batch_size
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        batches = [b for chunk in chunks for b in split_by_tokens(chunk, args.max_tokens_per_batch)]
+        autocast = torch.autocast(
+            "cuda" if next(self.model.parameters()).is_cuda else "cpu", dtype=torch.bfloat16
+        )
+        device = next(self.model.parameters()).device
+        for chunk in batches:
+            batch = pack(chunk, padding_free=args.padding_free, pad_token_id=self._pad_id())
+            if batch.num_trained_tokens == 0:
+                continue
+            batch = _to(batch, device)
+            with autocast if args.bf16 else contextlib.nullcontext():
+                lp = token_logprobs(self.model, batch, args.temperature, with_entropy=True)
+            out = grpo_loss(
+                lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
+                batch.sequence_ids, batch.num_sequences, trained, self.loss_settings,
+            )  # fmt: skip
+            out.loss.backward()
+            num_tokens += batch.num_tokens
+            sums["loss"] += float(out.loss.detach()) * trained
+            sums["entropy"] += float((lp.entropy * batch.loss_mask).sum())
+            for key, value in out.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        if math.isfinite(float(grad_norm)):
+            self.optimizer.step()
+        else:
+            log.warning("step %d: gradient norm is %s; update skipped", self.step + 1, float(grad_norm))
+        self.optimizer.zero_grad(set_to_none=True)
+        sums["grad_norm"] = float(grad_norm) * trained
+        return sums, num_tokens, trained
+
+    def _pad_id(self) -> int:
+        pad = getattr(getattr(self.model, "config", None), "pad_token_id", None)
+        return int(pad) if pad is not None else 0
+
+    def _sync_weights(self) -> float:
+        t0 = time.monotonic()
+        self.policy_version = self.weight_sync.push(self.model.named_parameters())
+        return time.monotonic() - t0
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        state = {
+            "global_step": self.step,
+            "policy_version": self.policy_version,
+            "schedule": self.schedule.state_dict(),
+            "config": self.args.model_dump(),
+        }
+        return save_checkpoint(
+            self.args.output_dir, self.step, self.model, self.optimizer, state, self.tokenizer,
+            self.args.save_total_limit,
+        )  # fmt: skip
+
+    def _resume(self, path: Path) -> None:
+        state = load_checkpoint(path, self.model, self.optimizer)
+        self.step = int(state["global_step"])
+        self.policy_version = int(state["policy_version"])
+        self.schedule.load_state_dict(state["schedule"])
+        log.info("resumed from %s at step %d", path, self.step)
+
+
+def _to(batch, device: torch.device):
+    if device.type == "cpu":
+        return batch
+    for name in ("input_ids", "position_ids", "attention_mask", "loss_mask", "behavior_logps", "advantages",
+                 "sequence_ids"):  # fmt: skip
+        value = getattr(batch, name)
+        if value is not None:
+            setattr(batch, name, value.to(device))
+    return batch
