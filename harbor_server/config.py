@@ -55,7 +55,9 @@ class ServeConfig(BaseModel):
     sandbox: SandboxName = "local"
     """Default sandbox backend for rollouts that name none."""
     expose: ExposeMode = "none"
-    """How remote sandboxes (E2B) reach the capture port: direct = `public_url`, gradio = share tunnel."""
+    """direct: remote sandboxes (E2B) reach the capture port at `public_url`; gradio: also mount the trace
+    inspector at /inspect on the trainer-facing port. (Gradio share tunnels need Gradio's share server,
+    so remote sandboxes still need `public_url`.)"""
     public_url: str | None = None
     """Base URL at which remote sandboxes reach the capture port (with `--expose direct`)."""
     store_url: str | None = None

@@ -107,10 +107,6 @@ class HarborServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.config.expose == "gradio":
-            raise HarborServerError(
-                "--expose gradio is not implemented yet; use --expose direct --public-url URL for remote sandboxes"
-            )
         if self._datasets is None:
             self._datasets = await asyncio.to_thread(load_datasets, self.config.datasets)
         self.store = await asyncio.to_thread(TraceStore, self.store_url)
@@ -175,8 +171,14 @@ class HarborServer:
         from harbor_server.app import create_api_app, create_capture_app
 
         assert self.service is not None, "start() first"
+        api = create_api_app(self)
+        if self.config.expose == "gradio":
+            from inspector import mount_inspector
+
+            # The trace inspector on the trainer-facing port; it opens the store read-only.
+            api = mount_inspector(api, self.store_url, path="/inspect")
         self._http = [
-            _QuietServer(self._uvicorn_config(create_api_app(self), self.config.host, self.config.port)),
+            _QuietServer(self._uvicorn_config(api, self.config.host, self.config.port)),
             _QuietServer(
                 self._uvicorn_config(
                     create_capture_app(self.service), self.config.capture_host, self.config.capture_port

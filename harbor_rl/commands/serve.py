@@ -32,7 +32,9 @@ def serve(
     ),
     sandbox: str = typer.Option("local", "--sandbox", help="Default sandbox backend: docker, e2b or local."),
     expose: str = typer.Option(
-        "none", "--expose", help="How remote (E2B) sandboxes reach the capture port: direct, gradio or none."
+        "none",
+        "--expose",
+        help="direct: remote (E2B) sandboxes use --public-url; gradio: also serve the trace inspector at /inspect; none.",
     ),
     public_url: str | None = typer.Option(
         None,
@@ -146,6 +148,11 @@ def _print_summary(server, console) -> None:
         f"[bold]trainer API:[/] http://{config.host}:{config.port}  (OpenAPI: /docs)   "
         f"[bold]capture port:[/] {config.capture_host}:{config.capture_port}"
         + (f" = {config.public_url}" if config.public_url else "")
+        + (
+            f"   [bold]inspector:[/] http://{config.host}:{config.port}/inspect"
+            if config.expose == "gradio"
+            else ""
+        )
     )
     console.print(
         f"[bold]store:[/] {redact(server.store_url)}   [bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
