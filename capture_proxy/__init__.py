@@ -20,7 +20,14 @@ from capture_proxy.models import (
     TurnMetadata,
 )
 from capture_proxy.rows import TrainingRow, build_training_rows
-from capture_proxy.validation import Finding, Severity, fatal, require_trainable, validate_trace, validate_turn
+from capture_proxy.validation import (
+    Finding,
+    Severity,
+    fatal,
+    require_trainable,
+    validate_trace,
+    validate_turn,
+)
 
 __all__ = [
     "CaptureError",

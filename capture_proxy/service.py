@@ -133,7 +133,13 @@ class CaptureService:
             )
             client = httpx.AsyncClient(timeout=timeout, transport=self._transport)
         self._client = client
+        # Our own transport takes requests built directly: the client's URL, header and cookie
+        # merging cost more than the rest of the forwarding.
+        self._extensions = {"timeout": client.timeout.as_dict()}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._by_hash: dict[str, _Live] = {}
+        self._by_auth: dict[str, _Live] = {}
+        """Authorization header -> session, for keys already found: no hashing per call."""
         self._by_id: dict[str, _Live] = {}
 
     async def aclose(self) -> None:
@@ -293,6 +299,20 @@ class CaptureService:
 
     async def authenticate(self, authorization: str | None) -> _Live:
         """The session of a `Bearer <session key>` header; 401 when unknown, 409 when it has ended."""
+        live = self._by_auth.get(authorization)  # type: ignore[arg-type]
+        if live is None:
+            live = await self._find(authorization)
+            self._by_auth[authorization] = live  # type: ignore[index]
+        if live.status != "running":
+            self.metrics.error("session_ended")
+            raise ProxyRequestError(
+                409,
+                f"session {live.session_id} is {live.status}; it takes no more model calls",
+                code="session_ended",
+            )
+        return live
+
+    async def _find(self, authorization: str | None) -> _Live:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
             self.metrics.error("unauthorized")
             raise ProxyRequestError(
@@ -306,13 +326,6 @@ class CaptureService:
                 self.metrics.error("unauthorized")
                 raise ProxyRequestError(401, "unknown session key", code="invalid_api_key")
             live = self._remember(record)
-        if live.status != "running":
-            self.metrics.error("session_ended")
-            raise ProxyRequestError(
-                409,
-                f"session {live.session_id} is {live.status}; it takes no more model calls",
-                code="session_ended",
-            )
         return live
 
     async def models(self, authorization: str | None) -> Response:
@@ -396,12 +409,18 @@ class CaptureService:
 
     async def _send(self, call: _Call) -> httpx.Response:
         """POST the rewritten request to the engine; the response body is not read yet."""
-        url = call.live.base + _SAMPLING_ROUTES[call.endpoint]
-        request = self._client.build_request(
-            "POST", url, content=orjson.dumps(call.upstream), headers=call.live.headers
-        )
+        content = orjson.dumps(call.upstream)
         if self._transport is not None:
+            key = (call.live.base, call.endpoint)
+            url = self._urls.get(key)
+            if url is None:
+                url = self._urls[key] = httpx.URL(call.live.base + _SAMPLING_ROUTES[call.endpoint])
+            request = httpx.Request(
+                "POST", url, content=content, headers=call.live.headers, extensions=self._extensions
+            )
             return await self._transport.handle_async_request(request)
+        url = call.live.base + _SAMPLING_ROUTES[call.endpoint]
+        request = self._client.build_request("POST", url, content=content, headers=call.live.headers)
         return await self._client.send(request, stream=True)
 
     # -- non-streamed calls -------------------------------------------------------------------
@@ -461,7 +480,7 @@ class CaptureService:
                 else ConnectionError("engine closed the stream")
             )
             raise await self._transport_failure(call, cause, policy_version) from exc
-        return StreamingResponse(
+        return _EventStream(
             self._relay(call, resp, chunks, decoder, asm, first, policy_version),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
@@ -505,9 +524,7 @@ class CaptureService:
             except ProxyRequestError as exc:
                 yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
                 return
-        if pending:
-            yield pending
-        yield b"data: [DONE]\n\n"
+        yield _Last(pending + b"data: [DONE]\n\n")
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -610,6 +627,65 @@ class CaptureService:
         except (ProxyRequestError, StoreError) as store_exc:
             log.error("could not record transport failure of session %s: %s", live.session_id, store_exc)
         return _upstream_error(status, message, code)
+
+
+_WATCH_AFTER_S = 0.05
+"""How long a stream runs before it starts watching for the agent's disconnect."""
+
+
+class _Last(bytes):
+    """The last bytes of an event stream: sent together with the end of the response."""
+
+
+class _EventStream(StreamingResponse):
+    """A StreamingResponse that watches for the agent's disconnect with one plain task instead of an
+    anyio task group (which costs more per stream than relaying its events), and ends the response
+    with its last events rather than an empty message after them. On a disconnect the stream stops
+    where it is, as Starlette's does: the engine connection is closed, nothing recorded."""
+
+    async def stream_response(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            if type(chunk) is _Last:
+                await send({"type": "http.response.body", "body": bytes(chunk), "more_body": False})
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        loop = asyncio.get_running_loop()
+        gone = False
+        watcher: asyncio.Task[None] | None = None
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            streaming.cancel()
+
+        def start_watching() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(watch())
+
+        # A stream over within _WATCH_AFTER_S needs no watcher (an early disconnect is still seen
+        # then, as the watcher's first receive returns it at once); most short calls end sooner.
+        timer = loop.call_later(_WATCH_AFTER_S, start_watching)
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            streaming.uncancel()
+        finally:
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
+        if self.background is not None:
+            await self.background()
 
 
 def _budget_response(endpoint: Endpoint, n: int, body: dict) -> Response:

@@ -29,16 +29,26 @@ class SSEDecoder:
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-        events = buf.split(b"\n\n")
-        self._buf = events.pop()
+        end = buf.rfind(b"\n\n")
+        if end < 0:
+            self._buf = buf
+            return []
+        self._buf = buf[end + 2 :]
+        lines = buf[:end].split(b"\n")
+        # The common case: every event is one `data:` line, so the lines alternate event, blank.
+        if len(lines) % 2 and not any(lines[1::2]):
+            out = []
+            for line in lines[::2]:
+                if not line.startswith(b"data:"):
+                    break
+                out.append(line[5:].lstrip())
+            else:
+                return out
         out = []
-        for event in events:
-            if event.startswith(b"data:") and b"\n" not in event:  # the common case: one data line
-                out.append(event[5:].lstrip())
-                continue
-            lines = [ln[5:].lstrip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
-            if lines:
-                out.append(b"\n".join(lines))
+        for event in buf[:end].split(b"\n\n"):
+            data = [ln[5:].lstrip() for ln in event.split(b"\n") if ln.startswith(b"data:")]
+            if data:
+                out.append(b"\n".join(data))
         return out
 
     @property
@@ -82,69 +92,80 @@ class StreamAssembler:
             if "error" in chunk:
                 # vLLM's mid-stream failure; only [DONE] follows it.
                 self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk)}
-                out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                out.append(orjson.dumps(chunk))
                 break
             self._absorb(chunk)
-            out.append(b"data: " + orjson.dumps(chunk) + b"\n\n")
-        return b"".join(out)
+            out.append(orjson.dumps(chunk))
+        if not out:
+            return b""
+        return b"data: " + b"\n\ndata: ".join(out) + b"\n\n"
 
     def _absorb(self, chunk: dict) -> None:
+        # Runs once per token: dict lookups kept to what each chunk needs.
         self.chunks += 1
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
-        wants = self.wants
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
+        keep_ids = self.wants.token_ids
+        chat = self.endpoint == "chat"
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
         if "prompt_token_ids" in chunk:
-            if chunk["prompt_token_ids"] is not None:
-                self.prompt_ids = chunk["prompt_token_ids"]
-            if not wants.token_ids:
-                del chunk["prompt_token_ids"]
+            ids = chunk["prompt_token_ids"] if keep_ids else chunk.pop("prompt_token_ids")
+            if ids is not None:
+                self.prompt_ids = ids
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
             if "prompt_token_ids" in choice:
-                if choice["prompt_token_ids"] is not None:
-                    self.prompt_ids = choice["prompt_token_ids"]
-                if not wants.token_ids:
-                    del choice["prompt_token_ids"]
-            ids = choice.get("token_ids")
+                ids = choice["prompt_token_ids"] if keep_ids else choice.pop("prompt_token_ids")
+                if ids is not None:
+                    self.prompt_ids = ids
+            ids = choice.get("token_ids") if keep_ids else choice.pop("token_ids", None)
             if ids is not None:
-                self.completion_ids.extend(ids)
+                self.completion_ids += ids
                 self.saw_token_ids = True
-            if not wants.token_ids:
-                choice.pop("token_ids", None)
             lp = choice.get("logprobs")
             if lp:
-                self._absorb_logprobs(lp)
-                if not wants.logprobs:
+                content = lp.get("content") if chat else None
+                if content is not None:  # chat, inline: it runs once per token
+                    self.saw_logprobs = True
+                    for c in content:
+                        self.tokens.append(c["token"])
+                        self.logps.append(c["logprob"])
+                elif not chat:
+                    self._absorb_completion_logprobs(lp)
+                if not self.wants.logprobs:
                     choice["logprobs"] = None
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-            if self.endpoint == "chat":
-                self._absorb_delta(choice.get("delta") or {})
-            elif choice.get("text"):
-                self.text.append(choice["text"])
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish_reason = finish
+            if chat:
+                delta = choice.get("delta")
+                if delta:
+                    content = delta.get("content")
+                    if content:
+                        self.text.append(content)
+                    if "reasoning" in delta or "tool_calls" in delta:
+                        self._absorb_delta(delta)
+            else:
+                text = choice.get("text")
+                if text:
+                    self.text.append(text)
 
-    def _absorb_logprobs(self, lp: dict) -> None:
-        if self.endpoint == "chat":
-            content = lp.get("content")
-            if content is not None:
-                self.saw_logprobs = True
-                for c in content:
-                    self.tokens.append(c["token"])
-                    self.logps.append(c["logprob"])
-        elif lp.get("token_logprobs") is not None:
+    def _absorb_completion_logprobs(self, lp: dict) -> None:
+        if lp.get("token_logprobs") is not None:
             self.saw_logprobs = True
             self.tokens.extend(lp.get("tokens") or ())
             self.logps.extend(lp["token_logprobs"])
 
     def _absorb_delta(self, delta: dict) -> None:
-        if delta.get("content"):
-            self.text.append(delta["content"])
+        """The rarer parts of a chat delta: reasoning text and tool-call pieces."""
         if delta.get("reasoning"):
             self.reasoning.append(delta["reasoning"])
-        for tc in delta.get("tool_calls") or ():
+        if "tool_calls" not in delta:
+            return
+        for tc in delta["tool_calls"] or ():
             slot = self.tool_calls.setdefault(
                 tc.get("index", 0), {"id": None, "type": "function", "name": "", "arguments": []}
             )

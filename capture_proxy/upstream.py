@@ -190,9 +190,12 @@ def check_tokens(
         return "missing_logprobs", "engine returned no logprobs"
     if len(logps) != len(completion_ids):
         return "token_mismatch", f"engine returned {len(logps)} logprobs for {len(completion_ids)} token ids"
-    if any(lp is None for lp in logps):
+    if None in logps:
         return "missing_logprobs", "engine returned a null logprob"
     if tokens:
+        # The common case in one comparison: every token reads `token_id:N` and matches.
+        if tokens == [_TOKEN_ID_PREFIX + str(tid) for tid in completion_ids]:
+            return "ok", None
         for i, (tok, tid) in enumerate(zip(tokens, completion_ids, strict=False)):
             if tok.startswith(_TOKEN_ID_PREFIX) and tok[9:] != str(tid):
                 return "token_mismatch", f"logprob token {i} reads {tok!r} but token_ids[{i}] is {tid}"

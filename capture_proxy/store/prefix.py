@@ -39,6 +39,9 @@ class PromptDelta:
 
 def shared_prefix(a: bytes, b: bytes) -> int:
     """Number of leading int32 tokens two encoded arrays have in common."""
+    # The usual turn: one array extends the other (a memcmp, no arrays built).
+    if a.startswith(b) or b.startswith(a):
+        return min(len(a), len(b)) // _ID_BYTES
     n = min(len(a), len(b)) // _ID_BYTES
     x = np.frombuffer(a, dtype="<i4", count=n)
     y = np.frombuffer(b, dtype="<i4", count=n)

@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import bindparam, exists, insert, select, update
+from sqlalchemy import Engine, bindparam, exists, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -18,6 +18,7 @@ from capture_proxy.errors import InvalidSessionUpdate, SessionNotFound, StoreErr
 from capture_proxy.models import SessionStatus, TrainingTurn, TurnMetadata
 from capture_proxy.store import codec, prefix
 from capture_proxy.store.engine import WRITE_OPTION, create_store_engine, default_store_url, redact
+from capture_proxy.store.engine import _json_dumps as to_json
 from capture_proxy.store.migrate import upgrade_to_head
 from capture_proxy.store.records import TERMINAL_STATUSES, SessionRecord
 from capture_proxy.store.schema import SessionRow, TurnRow
@@ -29,17 +30,36 @@ _UPDATABLE = frozenset(_FIELDS) - {"session_id", "num_turns"}
 """num_turns is the store's to maintain; the id is the key."""
 
 _sessions = SessionRow.__table__
-_LOCK_SESSIONS = (
-    select(SessionRow.session_id)
-    .where(SessionRow.session_id.in_(bindparam("ids", expanding=True)))
-    .order_by(SessionRow.session_id)
-    .with_for_update()
-)
 _BUMP_NUM_TURNS = (
     update(_sessions)
     .where(_sessions.c.session_id == bindparam("sid"))
     .values(num_turns=_sessions.c.num_turns + bindparam("n"))
 )
+
+
+class _TurnSQL:
+    """The turn write path's two statements, compiled once for the engine's dialect and run on the raw
+    DBAPI cursor: an ORM (or even Core) execution costs several times the database's own work for
+    rows this small, and the proxy writes one per model call. Values are bound as the driver takes
+    them; the JSON columns are serialised here (what the engine's JSON type would do)."""
+
+    def __init__(self, engine: Engine):
+        dialect = engine.dialect
+        self.begin = "BEGIN IMMEDIATE" if dialect.name == "sqlite" else None
+        """SQLite: take the write lock up front (the engine's own transactions do the same)."""
+        bump = _BUMP_NUM_TURNS.compile(dialect=dialect)
+        add = insert(TurnRow.__table__).compile(dialect=dialect)
+        self.bump, self._bump_order = bump.string, bump.positiontup
+        self.insert, self._insert_order = add.string, add.positiontup
+        self.errors = dialect.loaded_dbapi.Error
+        self.integrity = dialect.loaded_dbapi.IntegrityError
+
+    def bump_args(self, session_id: str, n: int) -> dict | tuple:
+        args = {"sid": session_id, "n": n}
+        return tuple(args[k] for k in self._bump_order) if self._bump_order else args
+
+    def insert_args(self, values: dict[str, Any]) -> dict | tuple:
+        return tuple(values[k] for k in self._insert_order) if self._insert_order else values
 
 
 def _record(row: SessionRow) -> SessionRecord:
@@ -53,7 +73,8 @@ def _row_values(record: SessionRecord) -> dict[str, Any]:
 def _turn_values(
     session_id: str, seq: int, turn: TrainingTurn, base: prefix.Base | None
 ) -> tuple[dict[str, Any], prefix.Base]:
-    """The row for a turn, its prompt stored against `base`; and the turn as a base for the next."""
+    """The row for a turn (columns by name, JSON serialised), its prompt stored against `base`; and
+    the turn as a base for the next."""
     try:
         mask = codec.encode_mask(turn.loss_mask)
         prompt = codec.encode_ids(turn.prompt_token_ids)
@@ -71,9 +92,9 @@ def _turn_values(
         "completion_ids": completion,
         "logps": codec.encode_logps(turn.per_token_logps),
         "loss_mask": mask,
-        "request": turn.request,
-        "response": turn.response,
-        "meta": turn.metadata.model_dump(),
+        "request": to_json(turn.request),
+        "response": to_json(turn.response),
+        "metadata": to_json(turn.metadata.model_dump()),
     }
     return values, prefix.Base(seq, prompt + completion)
 
@@ -141,6 +162,7 @@ class TraceStore:
         self._serial: AbstractContextManager[Any] = (
             threading.RLock() if isinstance(self._engine.pool, StaticPool) else nullcontext()
         )
+        self._sql = _TurnSQL(self._engine)
         self._read = sessionmaker(self._engine, expire_on_commit=False)
         self._write = sessionmaker(
             self._engine.execution_options(**{WRITE_OPTION: True}), expire_on_commit=False
@@ -274,28 +296,54 @@ class TraceStore:
                 staged[session_id] = as_base
         per_session = Counter(session_id for session_id, _, _ in items)
         try:
-            with self._transaction(write=True) as s:
-                session_ids = sorted(per_session)
-                # Lock the sessions in a fixed order (PostgreSQL; SQLite holds the write lock already),
-                # so concurrent writers never deadlock, and a session cannot vanish under us.
-                found = set(s.scalars(_LOCK_SESSIONS, {"ids": session_ids}))
-                missing = [sid for sid in session_ids if sid not in found]
-                if missing:
-                    raise SessionNotFound(missing[0])
-                s.execute(_BUMP_NUM_TURNS, [{"sid": sid, "n": per_session[sid]} for sid in session_ids])
-                s.execute(insert(TurnRow), rows)
-        except StoreError as exc:
+            self._insert_turns(per_session, rows)
+        except BaseException as exc:
             for session_id in staged:  # a failed batch may have been built on a base that is gone
                 self._bases.drop(session_id)
-            if isinstance(exc.__cause__, IntegrityError):
+            if isinstance(exc, self._sql.integrity):
                 keys = ", ".join(f"{sid!r} seq {seq}" for sid, seq, _ in items[:5])
                 more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
                 raise TurnExists(
                     f"a turn with the same (session, seq) is already stored among: {keys}{more}"
-                ) from (exc.__cause__)
+                ) from exc
+            if isinstance(exc, self._sql.errors | SQLAlchemyError):  # the driver's, or the pool's
+                raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
             raise
         for session_id, base in staged.items():  # committed: later turns may share from these
             self._bases.put(session_id, base)
+
+    def _insert_turns(self, per_session: Counter[str], rows: list[dict[str, Any]]) -> None:
+        """One transaction on a raw pooled connection: bump each session's count, insert the rows.
+
+        The UPDATEs go in session-id order and lock each session row (PostgreSQL; SQLite holds the
+        write lock already), so concurrent writers never deadlock and a session cannot vanish under
+        us; an UPDATE that matches no row is an unknown session.
+        """
+        sql = self._sql
+        with self._serial:
+            conn = self._engine.raw_connection()
+            try:
+                cursor = conn.cursor()
+                if sql.begin:
+                    cursor.execute(sql.begin)
+                for session_id in sorted(per_session):
+                    cursor.execute(sql.bump, sql.bump_args(session_id, per_session[session_id]))
+                    if cursor.rowcount != 1:
+                        raise SessionNotFound(session_id)
+                if len(rows) == 1:
+                    cursor.execute(sql.insert, sql.insert_args(rows[0]))
+                else:
+                    cursor.executemany(sql.insert, [sql.insert_args(row) for row in rows])
+                cursor.close()
+                conn.commit()
+            except BaseException:
+                try:
+                    conn.rollback()
+                except Exception:  # the connection itself is broken: never hand it out again
+                    conn.invalidate()
+                raise
+            finally:
+                conn.close()
 
     def add_turn(self, session_id: str, seq: int, turn: TrainingTurn) -> None:
         self.add_turns([(session_id, seq, turn)])

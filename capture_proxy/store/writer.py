@@ -27,19 +27,26 @@ class _Pending:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
 
-    def settle(self, error: BaseException | None) -> None:
+
+def _settle(batch: list[_Pending], error: BaseException | None) -> None:
+    """Wake the batch's waiters: one hand-off per event loop, not one per turn (each wakes the loop)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for pending in batch:
+        by_loop.setdefault(pending.loop, []).append(pending.future)
+    for loop, futures in by_loop.items():
         # RuntimeError: the caller's loop has closed, so nobody is waiting any more.
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(_resolve, self.future, error)
+            loop.call_soon_threadsafe(_resolve, futures, error)
 
 
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():  # the waiting task was cancelled; the turn is stored all the same
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+def _resolve(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for future in futures:
+        if future.done():  # the waiting task was cancelled; the turn is stored all the same
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 _STOP = object()
@@ -97,12 +104,11 @@ class AsyncTurnWriter:
             self._store.add_turns([(p.session_id, p.seq, p.turn) for p in batch])
         except Exception as exc:
             if len(batch) == 1:
-                batch[0].settle(exc)
+                _settle(batch, exc)
                 return
             # One bad turn (unknown session, duplicate seq) must not fail its neighbours: retry
             # one by one, so each waiter gets its own outcome.
             for pending in batch:
                 self._commit([pending])
             return
-        for pending in batch:
-            pending.settle(None)
+        _settle(batch, None)
