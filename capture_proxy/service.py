@@ -226,23 +226,7 @@ class CaptureService:
         from capture_proxy.validation import fatal, validate_trace
 
         record, turns = await asyncio.to_thread(self._load_trace, session_id)
-        metadata = dict(record.metadata)
-        if record.error:
-            metadata["error"] = record.error
-        trace = TrainingTrace(
-            session_id=record.session_id,
-            purpose=record.purpose,
-            turns=turns,
-            multi_step_task=record.multi_step_task,
-            status=record.status,
-            model=record.model,
-            task_id=record.task_id,
-            harness=record.harness,
-            sandbox=record.sandbox,
-            reward=record.reward,
-            rewards=record.rewards,
-            metadata=metadata,
-        )
+        trace = record.trace(turns)
         findings = validate_trace(trace)
         if fatal(findings):
             raise InvalidTraceError(findings, session_id)

@@ -27,7 +27,7 @@ import orjson
 
 from capture_proxy.errors import InvalidTraceError
 from capture_proxy.graph import RolloutGraph, build_rollout_graph, finalize_trace
-from capture_proxy.models import TrainingTrace, TrainingTurn
+from capture_proxy.models import TrainingTurn
 from capture_proxy.store.records import SessionRecord
 from capture_proxy.validation import Finding, Severity, validate_trace
 from inspector.graph_view import render_graph
@@ -90,26 +90,9 @@ class RolloutView:
     findings: list[Finding]
 
 
-def _trace(record: SessionRecord, turns: list[TrainingTurn]) -> TrainingTrace:
-    return TrainingTrace(
-        session_id=record.session_id,
-        purpose=record.purpose,
-        turns=turns,
-        multi_step_task=record.multi_step_task,
-        status=record.status,
-        model=record.model,
-        task_id=record.task_id,
-        harness=record.harness,
-        sandbox=record.sandbox,
-        reward=record.reward,
-        rewards=dict(record.rewards),
-        metadata=dict(record.metadata),
-    )
-
-
 def build_view(rollout: StoredRollout) -> RolloutView:
     """Validate the rollout and lay out its graph; a broken trace still renders, with its findings."""
-    trace = _trace(rollout.record, rollout.turns)
+    trace = rollout.record.trace(rollout.turns)
     findings = validate_trace(trace)
     try:
         final = finalize_trace(trace)

@@ -6,7 +6,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from capture_proxy.models import Purpose, SessionStatus
+from capture_proxy.models import Purpose, SessionStatus, TrainingTrace, TrainingTurn
 
 TERMINAL_STATUSES: frozenset[str] = frozenset(get_args(SessionStatus)) - {"running"}
 
@@ -43,3 +43,24 @@ class SessionRecord(BaseModel):
     """Unix time the session left `running`; set by the store when a terminal status is recorded."""
     num_turns: int = Field(default=0, ge=0)
     """Turns stored for this session; maintained by the store as turns are added."""
+
+    def trace(self, turns: list[TrainingTurn]) -> TrainingTrace:
+        """The rollout as a TrainingTrace: these turns plus the session's facts (an error goes into
+        `metadata["error"]`, where the inspector and the trainer look for it)."""
+        metadata = dict(self.metadata)
+        if self.error:
+            metadata["error"] = self.error
+        return TrainingTrace(
+            session_id=self.session_id,
+            purpose=self.purpose,
+            turns=turns,
+            multi_step_task=self.multi_step_task,
+            status=self.status,
+            model=self.model,
+            task_id=self.task_id,
+            harness=self.harness,
+            sandbox=self.sandbox,
+            reward=self.reward,
+            rewards=dict(self.rewards),
+            metadata=metadata,
+        )
