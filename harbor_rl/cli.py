@@ -12,7 +12,9 @@ from harbor_rl.commands import collect, engine, inspect, proxy, serve, tasks
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL."
+)
 
 proxy.register(app)
 engine.register(app)
