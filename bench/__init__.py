@@ -1,0 +1,201 @@
+"""Harbor-RL's benchmark suite: every `bench/<name>.py`, run by `python -m bench`, reported in BENCHMARKS.md.
+
+Each benchmark is a plain script (`python bench/<name>.py [--quick]`) that prints rich tables with
+ratios against a baseline measured in the same run. The suite runs each in its own process through
+`bench._capture`, which records those tables as data; `bench.__main__` turns them into Markdown and
+plots. A new benchmark needs nothing but its file: unknown names run after the known ones, unpinned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+NOT_BENCHMARKS = {"__init__", "__main__", "peers"}
+"""Modules in bench/ that are libraries of the suite, not benchmarks."""
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A line plot drawn from one of a benchmark's tables."""
+
+    filename: str
+    """PNG file name under the plots folder."""
+    table: str
+    """A substring of the table's title that picks the table."""
+    x: str
+    """Column for the x axis (numeric)."""
+    ys: tuple[str, ...]
+    """Columns to draw against x, one line each (per group)."""
+    ylabel: str
+    title: str
+    group: tuple[str, ...] = ()
+    """Columns whose values split the rows into separate lines (e.g. the target)."""
+    panels: tuple[str, ...] = ()
+    """Columns whose values split the rows into side-by-side panels (e.g. stream yes/no)."""
+    logx: bool = False
+    logy: bool = False
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """How the suite runs one script."""
+
+    name: str
+    summary: str
+    core: str = "any"
+    """`any`: unpinned (it pins its own servers, or needs both cores); `one`: pinned to the last core
+    (a single-threaded measurement that should not migrate and leaves the other core to the rest)."""
+    in_quick: bool = True
+    """Whether a plain `--quick` run includes it (`--only NAME` always does)."""
+    needs_gpu: bool = False
+    """Its full run is for a GPU; without one the suite runs its `--quick` CPU sanity check instead."""
+    timeout_s: tuple[int, int] = (600, 1200)
+    """Seconds allowed for (quick, full) before the run is cut and reported as timed out."""
+    plots: tuple[Plot, ...] = ()
+
+    @property
+    def script(self) -> Path:
+        return BENCH_DIR / f"{self.name}.py"
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark produced in a suite run."""
+
+    name: str
+    command: str
+    seconds: float
+    exit_code: int | None
+    """The script's exit status; None when it was cut at its timeout."""
+    tables: list[dict] = field(default_factory=list)
+    """Each {title, columns, rows} with plain-text cells, as the script printed them."""
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    plots: list[tuple[str, str]] = field(default_factory=list)
+    """(relative path, caption) of each PNG drawn."""
+
+
+_LATENCY = "latency (ms)"
+
+KNOWN: tuple[Benchmark, ...] = (
+    Benchmark(
+        "proxy_overhead",
+        "Capture proxy vs calling the engine directly: added latency, throughput, CPU per request.",
+        plots=(
+            Plot(
+                "proxy_overhead_latency.png",
+                "Capture proxy vs direct",
+                "clients",
+                ("direct p50 ms", "proxy p50 ms", "direct p99 ms", "proxy p99 ms"),
+                _LATENCY,
+                "Capture proxy vs direct engine: latency vs concurrency",
+                panels=("stream",),
+                logx=True,
+            ),
+        ),
+    ),
+    Benchmark(
+        "proxy_peers",
+        "Capture proxy vs its peers (OpenEnv's capture proxy, LiteLLM) and direct, same engine and load.",
+        in_quick=False,
+        timeout_s=(1500, 1800),
+        plots=(
+            Plot(
+                "proxy_peers_latency.png",
+                "vs peers",
+                "agents",
+                ("p50 ms", "p99 ms"),
+                _LATENCY,
+                "Proxies vs direct: latency vs concurrent agents",
+                panels=("stream",),
+                group=("target",),
+                logx=True,
+                logy=True,
+            ),
+            Plot(
+                "proxy_peers_throughput.png",
+                "vs peers",
+                "agents",
+                ("req/s",),
+                "requests / s",
+                "Proxies vs direct: throughput vs concurrent agents",
+                panels=("stream",),
+                group=("target",),
+                logx=True,
+            ),
+            Plot(
+                "proxy_peers_long_session.png",
+                "per tenth",
+                "tenth",
+                ("median ms/turn",),
+                "median ms per turn",
+                "One long session: per-turn latency along the session",
+                group=("target",),
+            ),
+        ),
+    ),
+    Benchmark(
+        "store_ingest", "Trace store ingest (SQLite, PostgreSQL) vs the same turns as JSONL.", core="one"
+    ),
+    Benchmark(
+        "trainer_step",
+        "Training rows: packed vs unique tokens, and padding-free vs padded steps on the tiny model.",
+        core="one",
+        plots=(
+            Plot(
+                "trainer_step_packing.png",
+                "Packed vs unique",
+                "turns",
+                ("unique", "packed", "per-turn"),
+                "tokens per rollout",
+                "Packed vs unique tokens vs turns (one row per turn for contrast)",
+                panels=("history",),
+                logy=True,
+            ),
+        ),
+    ),
+    Benchmark("engine_throughput", "Embedded engine tokens/s at concurrency 1 and 16."),
+    Benchmark(
+        "sandbox_lifecycle", "Sandbox start / exec / stop per backend, and concurrent Docker sandboxes."
+    ),
+    Benchmark(
+        "server_concurrency",
+        "Concurrent rollouts one `harbor serve` sustains, and its /health latency meanwhile.",
+        timeout_s=(600, 1500),
+        plots=(
+            Plot(
+                "server_concurrency_health.png",
+                "harbor serve",
+                "load",
+                ("serve p99 ms", "ref p99 ms"),
+                "/health p99 (ms)",
+                "harbor serve /health p99 vs concurrent rollouts",
+            ),
+        ),
+    ),
+    Benchmark("inspector_open", "Trace inspector: opening rollouts and listing pages in a large store."),
+    Benchmark(
+        "gpu_step",
+        "Trainer step time and tokens/s, packed vs padded, for a mid-size random-init model on a GPU.",
+        needs_gpu=True,
+    ),
+)
+
+
+def has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (without importing torch into the suite's process)."""
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
+def discover() -> list[Benchmark]:
+    """The known benchmarks that exist, in a fixed order, then any other bench/<name>.py."""
+    present = {p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")} - NOT_BENCHMARKS
+    known = [b for b in KNOWN if b.name in present]
+    names = {b.name for b in known}
+    extra = [
+        Benchmark(name, "(no summary registered in bench/__init__.py)") for name in sorted(present - names)
+    ]
+    return known + extra

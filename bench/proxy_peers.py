@@ -1,0 +1,555 @@
+"""Capture proxy vs its peers: the same engine imitation and the same agents, direct and through each proxy.
+
+    python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm] [--no-install]
+
+Targets, one at a time in front of one engine: `direct` (the agents call the engine themselves);
+`harbor-rl` (our capture proxy: uvicorn + the real SQLite trace store, each turn committed before its
+reply completes); `openenv` (OpenEnv's capture proxy); `litellm` (LiteLLM's proxy, `hosted_vllm/`
+model, no database). The peers run from venvs of their own (see bench/peers.py); one that cannot be
+installed or started is reported in its row.
+
+The engine is `capture_proxy.testing`'s vLLM imitation (64-token completions, logprobs and token ids),
+pinned to the second core with the load generator; each proxy is pinned alone to the first core, so
+its CPU time is its own. The agents are a coding agent's loop: sessions of 32 turns whose context
+grows each turn by the model's reply and a tool output (so each prompt extends the last one's prompt
++ completion, token for token, as a real chat template makes it); 1, 16 and 64 agents at once,
+non-streaming and streaming. Capture proxies get the agent's plain body (they add the capture
+parameters); `direct` and `litellm` are sent the parameters themselves (logprobs, token ids), since
+a client of a plain router must ask for them. Reported: req/s, p50/p99 latency and each proxy's CPU
+ms per request (utime + stime of its process tree from /proc/<pid>/stat, over the measured window).
+
+What each returns differs, and is part of its cost: our proxy answers the agent what it asked for
+(no ids or logprobs unless asked) and keeps the token-level trace in its store; OpenEnv calls the
+engine non-streaming and replays a stream as SSE, keeping the trace in memory; LiteLLM stores nothing
+(no database) and passes the engine's ids and logprobs back to the client, which would have to keep
+them itself (its streamed replies drop `prompt_token_ids`). The `direct` client parses replies with
+ids and logprobs on the engine's core, which is why a proxy that strips them can beat `direct` there.
+
+Then one session of 2,000 turns per target (sequential, non-streaming; the agent compacts its
+context every 32 turns, so the work per turn stays the same all along): whether a turn's latency and
+CPU grow with the session's length, per tenth of the session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import peers  # noqa: E402  (bench/peers.py, a sibling: this file runs as a script)
+
+MODEL = "imitation-model"
+ADMIN_KEY = "bench-admin-key-0123456789"
+COMPLETION_TOKENS = 64
+TURNS_PER_SESSION = 32
+LONG_SESSION_TURNS = 2000
+TARGETS = ("direct", "harbor-rl", "openenv", "litellm")
+CAPTURE_PARAMS = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+"""What a client must ask an engine (or a plain router) for to train on the reply."""
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SYSTEM = "You are a coding agent. Use the bash tool to inspect and fix the repository."
+TASK = "The test suite fails in tests/test_parser.py; find the bug and fix it. Run pytest when done."
+TOOL_OUTPUT = (
+    "$ pytest -q tests/test_parser.py\n"
+    + "F.F..  [100%]\nFAILED tests/test_parser.py::test_quoted - AssertionError: expected 'a b'\n" * 2
+)
+
+console = Console(width=170)
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    pid: int | None
+    """The process whose tree's CPU time is the proxy's (None for direct)."""
+    mint: Callable[[httpx.AsyncClient], Awaitable[tuple[str, str]]]
+    """Opens a new agent session: (API key, session id or "")."""
+    extra: dict = field(default_factory=dict)
+    """Fields the agent adds to each body for this target."""
+
+
+@dataclass
+class Level:
+    stream: bool
+    agents: int
+    requests: int = 0
+    wall_s: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    cpu_ms: float | None = None
+    failed: int = 0
+    first_failure: str = ""
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stat_fields(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def tree_ticks(pid: int) -> int:
+    """utime + stime of a process, its reaped children and its live descendants, in clock ticks."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    total = 0
+    for p in tree:
+        try:
+            f = _stat_fields(p)
+        except OSError:
+            continue
+        total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+    return total
+
+
+def serve_harbor(port: int, upstream: str, store_url: str) -> None:
+    """Our proxy's process: the same app `harbor proxy` serves."""
+    import uvicorn
+
+    from capture_proxy.app import create_app
+    from capture_proxy.config import ProxyConfig
+    from capture_proxy.store import TraceStore
+
+    config = ProxyConfig(upstream_url=upstream, admin_key=ADMIN_KEY)
+    app = create_app(config, TraceStore(store_url), close_store=True)
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=75
+    )
+
+
+def start_engine(port: int, core: int | None, logdir: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "capture_proxy.testing", "--port", str(port), "--model", MODEL,
+            "--completion-tokens", str(COMPLETION_TOKENS)]  # fmt: skip
+    with (logdir / "engine.log").open("w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})))  # fmt: skip
+    peers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", "the engine imitation", logdir / "engine.log")
+    return proc
+
+
+def start_harbor(port: int, engine_url: str, core: int | None, logdir: Path) -> subprocess.Popen:
+    log = logdir / "harbor.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-harbor", str(port), engine_url, f"sqlite:///{logdir}/traces.db"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
+        )  # fmt: skip
+    peers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", "our capture proxy", log)
+    return proc
+
+
+async def _mint(url: str, payload: dict, client: httpx.AsyncClient) -> tuple[str, str]:
+    """A new capture session: (the agent's API key, the session id)."""
+    r = await client.post(f"{url}/sessions", json=payload, headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    if r.status_code not in (200, 201):
+        raise RuntimeError(f"POST {url}/sessions answered {r.status_code}: {r.text[:300]}")
+    created = r.json()
+    return created.get("api_key") or created["session_id"], created["session_id"]
+
+
+async def _no_session(client: httpx.AsyncClient) -> tuple[str, str]:
+    return ADMIN_KEY, ""  # direct ignores the key; for LiteLLM it is the master key
+
+
+async def captured_turns(target: Target, session_id: str, client: httpx.AsyncClient) -> int | None:
+    """How many turns the proxy says it recorded for a session (None: it records none)."""
+    if not session_id:
+        return None
+    r = await client.get(
+        f"{target.url}/sessions/{session_id}", headers={"authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    r.raise_for_status()
+    info = r.json()
+    return info.get("num_turns", info.get("n_turns"))
+
+
+# -- the agents -----------------------------------------------------------------------------------
+
+
+def reply_text(raw: bytes, stream: bool) -> str:
+    """The assistant's text, from a JSON reply or an SSE stream."""
+    if not stream:
+        return orjson.loads(raw)["choices"][0]["message"]["content"] or ""
+    parts = []
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = orjson.loads(line[6:])
+        if "error" in event:
+            raise RuntimeError(f"stream error event: {event['error']}")
+        for choice in event.get("choices") or ():
+            parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
+class Agent:
+    """One agent's conversation: turns extend the context; `compact()` starts it over."""
+
+    def __init__(self) -> None:
+        self.compact()
+
+    def compact(self) -> None:
+        self.messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+    def body(self, stream: bool, extra: dict) -> bytes:
+        return orjson.dumps({"model": MODEL, "messages": self.messages, "stream": stream, **extra})
+
+    def observe(self, reply: str) -> None:
+        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append({"role": "user", "content": TOOL_OUTPUT})
+
+
+async def call(client: httpx.AsyncClient, url: str, key: str, body: bytes, stream: bool) -> bytes:
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    if stream:
+        chunks = []
+        async with client.stream("POST", url, content=body, headers=headers) as r:
+            async for chunk in r.aiter_raw():
+                chunks.append(chunk)
+        raw = b"".join(chunks)
+    else:
+        r = await client.post(url, content=body, headers=headers)
+        raw = r.content
+    if r.status_code != 200:
+        raise RuntimeError(f"{r.status_code}: {raw[:300]!r}")
+    return raw
+
+
+async def run_level(target: Target, stream: bool, agents: int, sessions_per_agent: int) -> Level:
+    """`agents` agents at once, each running `sessions_per_agent` sessions of 32 turns."""
+    level = Level(stream, agents)
+    url = f"{target.url}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=agents + 4, max_keepalive_connections=agents + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+
+        async def agent_loop() -> None:
+            agent = Agent()
+            for _ in range(sessions_per_agent):
+                key, _ = await target.mint(client)
+                agent.compact()
+                for _ in range(TURNS_PER_SESSION):
+                    t0 = time.perf_counter()
+                    try:
+                        raw = await call(client, url, key, agent.body(stream, target.extra), stream)
+                        text = reply_text(raw, stream)
+                    except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
+                        level.failed += 1
+                        level.first_failure = level.first_failure or repr(exc)[:300]
+                        break  # the session is broken; start the next one
+                    level.latencies.append(time.perf_counter() - t0)
+                    agent.observe(text)
+
+        before = tree_ticks(target.pid) if target.pid else 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent_loop() for _ in range(agents)))
+        level.wall_s = time.perf_counter() - t0
+        level.requests = len(level.latencies)
+        if target.pid and level.requests:
+            level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
+    return level
+
+
+async def long_session(target: Target, turns: int) -> tuple[list[tuple[float, float | None]], int | None]:
+    """One session of `turns` sequential calls: per tenth (median ms per turn, proxy CPU ms per turn),
+    and the turns the proxy says it captured."""
+    url = f"{target.url}/v1/chat/completions"
+    out: list[tuple[float, float | None]] = []
+    async with httpx.AsyncClient(timeout=300) as client:
+        key, session_id = await target.mint(client)
+        agent = Agent()
+        done = 0
+        for _ in range(10):
+            lat = []
+            before = tree_ticks(target.pid) if target.pid else 0
+            for _ in range(turns // 10):
+                if done and done % TURNS_PER_SESSION == 0:
+                    agent.compact()
+                t0 = time.perf_counter()
+                raw = await call(client, url, key, agent.body(False, target.extra), False)
+                agent.observe(reply_text(raw, False))
+                lat.append(time.perf_counter() - t0)
+                done += 1
+            cpu = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / len(lat) if target.pid else None
+            out.append((statistics.median(lat) * 1000, cpu))
+        return out, await captured_turns(target, session_id, client)
+
+
+# -- one target -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    name: str
+    version: str = ""
+    note: str = ""
+    levels: list[Level] = field(default_factory=list)
+    tenths: list[tuple[float, float | None]] = field(default_factory=list)
+    captured: int | None = None
+    """Turns the proxy reported for the long session."""
+
+
+def plan(quick: bool, agents: list[int] | None = None) -> dict[int, int]:
+    """Agents -> sessions (of 32 turns) per agent."""
+    default = {1: 2, 16: 1, 64: 1} if quick else {1: 8, 16: 2, 64: 1}
+    return {n: default.get(n, 1) for n in agents} if agents else default
+
+
+async def measure(
+    target: Target, quick: bool, long_turns: int, agents: list[int] | None
+) -> tuple[list[Level], list, int | None]:
+    await run_level(target, False, 4, 1)  # warm-up: connections, imports, the store's first writes
+    levels = []
+    for stream in (False, True):
+        for n, sessions in plan(quick, agents).items():
+            level = await run_level(target, stream, n, sessions)
+            rate = level.requests / level.wall_s if level.wall_s else 0
+            cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
+            console.log(
+                f"{target.name} stream={stream} agents={n}: {rate:.0f} req/s{cpu}, {level.failed} failed"
+            )
+            levels.append(level)
+    console.log(f"{target.name}: one session of {long_turns} turns")
+    tenths, captured = await long_session(target, long_turns)
+    return levels, tenths, captured
+
+
+def run_target(name: str, engine_url: str, proxy_core: int | None, quick: bool, install: bool,
+               long_turns: int, logdir: Path, agents: list[int] | None = None) -> Outcome:  # fmt: skip
+    outcome = Outcome(name)
+    proc = None
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        if name == "direct":
+            target = Target(name, engine_url, None, _no_session, dict(CAPTURE_PARAMS))
+            outcome.version = "-"
+        elif name == "harbor-rl":
+            proc = start_harbor(port, engine_url, proxy_core, logdir)
+            outcome.version = "0.1.0 (this tree)"
+            target = Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c))
+        elif name == "openenv":
+            outcome.version = peers.ensure_installed(peers.OPENENV, install)
+            proc = peers.start_openenv(port, engine_url, MODEL, ADMIN_KEY, proxy_core, logdir)
+            target = Target(name, url, proc.pid, lambda c: _mint(url, {}, c))
+        elif name == "litellm":
+            outcome.version = peers.ensure_installed(peers.LITELLM, install)
+            proc = peers.start_litellm(port, engine_url, MODEL, ADMIN_KEY, proxy_core, logdir)
+            target = Target(name, url, proc.pid, _no_session, dict(CAPTURE_PARAMS))
+        else:
+            raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+        console.log(f"measuring {name} ({outcome.version})")
+        outcome.levels, outcome.tenths, outcome.captured = asyncio.run(
+            measure(target, quick, long_turns, agents)
+        )
+    except peers.PeerUnavailable as exc:
+        outcome.note = f"not run: {exc}"
+        console.log(f"[yellow]{name}: {outcome.note}")
+    except Exception as exc:  # one target failing is reported in its row; the others still run
+        outcome.note = f"failed: {exc!r}"[:400]
+        console.log(f"[red]{name}: {outcome.note}")
+    finally:
+        peers.stop(proc)
+    return outcome
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def main_table(outcomes: list[Outcome]) -> Table:
+    table = Table(title="Capture proxy vs peers: same engine imitation, agents running sessions of 32 turns")
+    for col in ("stream", "agents", "target", "req/s", "vs direct", "p50 ms", "p99 ms", "added p50 ms",
+                "CPU ms/req", "CPU vs harbor-rl", "failed", "note"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("target", "note") else "right")
+    by_name = {o.name: o for o in outcomes}
+    direct = {(lv.stream, lv.agents): lv for lv in by_name["direct"].levels} if "direct" in by_name else {}
+    ours = (
+        {(lv.stream, lv.agents): lv for lv in by_name["harbor-rl"].levels} if "harbor-rl" in by_name else {}
+    )
+    keys = sorted({(lv.stream, lv.agents) for o in outcomes for lv in o.levels})
+    for stream, agents in keys:
+        for o in outcomes:
+            lv = next((x for x in o.levels if (x.stream, x.agents) == (stream, agents)), None)
+            if lv is None or not lv.requests:
+                continue
+            rate, p50 = lv.requests / lv.wall_s, pct(lv.latencies, 0.5)
+            d = direct.get((stream, agents))
+            d_rate = d.requests / d.wall_s if d and d.requests else None
+            d_p50 = pct(d.latencies, 0.5) if d and d.requests else None
+            mine = ours.get((stream, agents))
+            cpu_vs = ""
+            if lv.cpu_ms is not None and mine is not None and mine.cpu_ms:
+                cpu_vs = f"{lv.cpu_ms / mine.cpu_ms:.2f}x"
+            table.add_row(
+                "yes" if stream else "no", str(agents), o.name, f"{rate:.0f}",
+                f"{rate / d_rate:.2f}x" if d_rate else "", f"{p50:.2f}", f"{pct(lv.latencies, 0.99):.2f}",
+                f"{p50 - d_p50:+.2f}" if d_p50 is not None and o.name != "direct" else "",
+                f"{lv.cpu_ms:.2f}" if lv.cpu_ms is not None else "-", cpu_vs, str(lv.failed),
+                (lv.first_failure[:80] if lv.failed else ""),
+            )  # fmt: skip
+    for o in outcomes:
+        if not o.levels:
+            table.add_row("-", "-", o.name, "-", "", "", "", "", "-", "", "", o.note[:160] or "no result")
+    return table
+
+
+def long_tables(outcomes: list[Outcome], turns: int) -> tuple[Table, Table]:
+    per = Table(title=f"One session of {turns} turns (sequential, non-streamed): per tenth")
+    for col in ("target", "tenth", "median ms/turn", "proxy CPU ms/turn"):
+        per.add_column(col, justify="left" if col == "target" else "right")
+    summary = Table(title=f"One session of {turns} turns: does a turn's cost grow with the session?")
+    for col in ("target", "first tenth ms/turn", "last tenth ms/turn", "last/first", "first tenth CPU ms",
+                "last tenth CPU ms", "CPU last/first", "turns captured", "note"):  # fmt: skip
+        summary.add_column(col, justify="left" if col in ("target", "note") else "right")
+    for o in outcomes:
+        if not o.tenths:
+            summary.add_row(o.name, "-", "-", "", "-", "-", "", "", o.note[:160] or "no result")
+            continue
+        for i, (ms, cpu) in enumerate(o.tenths, 1):
+            per.add_row(o.name, str(i), f"{ms:.2f}", f"{cpu:.2f}" if cpu is not None else "-")
+        (f_ms, f_cpu), (l_ms, l_cpu) = o.tenths[0], o.tenths[-1]
+        cpu_ratio = f"{l_cpu / f_cpu:.2f}" if f_cpu and l_cpu is not None else ""
+        summary.add_row(
+            o.name, f"{f_ms:.2f}", f"{l_ms:.2f}", f"{l_ms / f_ms:.2f}", f"{f_cpu:.2f}" if f_cpu is not None else "-",
+            f"{l_cpu:.2f}" if l_cpu is not None else "-", cpu_ratio,
+            "-" if o.captured is None else str(o.captured), "",
+        )  # fmt: skip
+    return per, summary
+
+
+def versions_table(outcomes: list[Outcome]) -> Table:
+    table = Table(title="Targets")
+    for col in ("target", "version", "status"):
+        table.add_column(col)
+    for o in outcomes:
+        table.add_row(o.name, o.version or "-", o.note or "measured")
+    return table
+
+
+def verdict(outcomes: list[Outcome]) -> list[str]:
+    """Our proxy against each measured peer: CPU per request (all levels) and req/s at 64 agents."""
+    by_name = {o.name: o for o in outcomes if o.levels}
+    ours = by_name.get("harbor-rl")
+    if ours is None:
+        return ["harbor-rl was not measured"]
+    lines = []
+    for peer in ("openenv", "litellm"):
+        theirs = by_name.get(peer)
+        if theirs is None:
+            lines.append(f"{peer}: not measured")
+            continue
+        pairs = [
+            (a, b) for a in ours.levels for b in theirs.levels if (a.stream, a.agents) == (b.stream, b.agents)
+        ]
+        cpu_ahead = all(
+            a.cpu_ms is not None and b.cpu_ms is not None and a.cpu_ms < b.cpu_ms for a, b in pairs
+        )
+        at64 = [(a, b) for a, b in pairs if a.agents == 64]
+        rate_ahead = all(a.requests / a.wall_s > b.requests / b.wall_s for a, b in at64 if b.requests)
+        rate_verdict = "not measured" if not at64 else "yes" if rate_ahead else "NO"
+        lines.append(
+            f"harbor-rl vs {peer}: less CPU per request at every level: {'yes' if cpu_ahead else 'NO'}; "
+            f"more req/s at 64 agents (streamed and not): {rate_verdict}"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer sessions at 1 and 16 agents (the long session keeps its 2,000 turns)",
+    )
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    parser.add_argument("--no-install", action="store_true", help="do not create the peers' venvs")
+    parser.add_argument(
+        "--long-turns", type=int, default=None, help=f"turns of the long session ({LONG_SESSION_TURNS})"
+    )
+    parser.add_argument("--agents", type=int, nargs="+", help="concurrency levels (default 1 16 64)")
+    parser.add_argument(
+        "--serve-harbor", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.serve_harbor:
+        port, upstream, store = args.serve_harbor
+        serve_harbor(int(port), upstream, store)
+        return
+
+    cores = sorted(os.sched_getaffinity(0))
+    proxy_core, engine_core = (cores[0], cores[-1]) if len(cores) >= 2 else (None, None)
+    if engine_core is not None:
+        os.sched_setaffinity(0, {engine_core})  # the load generator shares the engine's core
+    long_turns = args.long_turns or LONG_SESSION_TURNS
+    logdir = Path(tempfile.mkdtemp(prefix="harbor-bench-peers-"))
+    engine_port = free_port()
+    engine = start_engine(engine_port, engine_core, logdir)
+    try:
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        outcomes = [
+            run_target(
+                name, engine_url, proxy_core, args.quick, not args.no_install, long_turns, logdir, args.agents
+            )
+            for name in args.targets
+        ]
+    finally:
+        peers.stop(engine)
+    console.print(versions_table(outcomes))
+    console.print(main_table(outcomes))
+    per, summary = long_tables(outcomes, long_turns)
+    console.print(summary)
+    console.print(per)
+    pinning = (
+        f"proxies pinned to core {proxy_core}, engine and agents to core {engine_core}"
+        if proxy_core is not None
+        else "nothing pinned (one core)"
+    )
+    console.print(f"{pinning}; logs in {logdir}")
+    for line in verdict(outcomes):
+        console.print(line)
+    if any(o.note.startswith("failed") for o in outcomes if o.name in ("direct", "harbor-rl")):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
