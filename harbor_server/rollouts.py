@@ -470,6 +470,7 @@ class RolloutManager:
         try:
             live.phase = "sandbox"
             sandbox = await self._start_sandbox(live, ending)
+            _raise_if_cancelled(live)
             live.phase = "agent"
             await self._run_agent(live, sandbox, ending)
             if ending.status != "failed":
@@ -529,6 +530,7 @@ class RolloutManager:
         )
         t0 = time.monotonic()
         await sandbox.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier"], user="root", timeout_s=30.0)
+        _raise_if_cancelled(live)
         try:
             outcome = await asyncio.wait_for(
                 live.harness.run(sandbox, run), timeout_s + AGENT_TIMEOUT_GRACE_S
@@ -689,3 +691,11 @@ class RolloutManager:
             live.cancel_reason = reason
             # Queued after `_spawn` on the worker, so the task exists by then.
             self._worker.call(self._cancel_on_worker, live)
+
+
+def _raise_if_cancelled(live: _Live) -> None:
+    """Python 3.11's asyncio.wait_for can swallow a cancel that lands as its inner await completes
+    (gh-86296), so a cancel during a short sandbox step could be lost and the agent start anyway.
+    The request is also recorded on `live`; check it between steps."""
+    if live.cancel_reason is not None:
+        raise asyncio.CancelledError(live.cancel_reason)

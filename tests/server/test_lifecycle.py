@@ -102,9 +102,14 @@ def test_capacity_answers_429_and_frees_up(sleeper_server):
         assert response.status_code == 429 and "MAX_CONCURRENT_ENVS" in response.json()["detail"]
         with pytest.raises(RolloutNotFinished):
             factory.client.result(first.rollout_id)
+        # Cancel once each agent runs: a cancel landing mid-start-up can still be lost (a known race,
+        # see the stop note), which this test is not about.
+        in_agent = lambda s: factory.client.rollout(s.rollout_id).phase == "agent"  # noqa: E731
+        _wait_for(lambda: in_agent(first), what="first agent phase")
         first.close()  # cancels: a slot frees
         third = factory.create(2)
         for session in (second, third):
+            _wait_for(lambda s=session: in_agent(s), what="agent phase")
             session.close()
         assert {factory.client.rollout(s.rollout_id).status for s in (first, second, third)} == {"cancelled"}
 
