@@ -1,17 +1,17 @@
+# ruff: noqa: F811  (the Docker fixtures are imported from tests.sandboxes.conftest and used by name)
 """Fixtures for the task tests: task folders written per test, and the real `local` / `docker` backends."""
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BASE_IMAGE = "harbor-rl/sandbox-base:bookworm"
+# One home for the Docker fixtures: the sandbox tests' conftest.
+from tests.sandboxes.conftest import BASE_IMAGE, REPO, base_image, docker_client  # noqa: E402,F401
 
 TASK_TOML = """\
 schema_version = "1.0"
@@ -58,31 +58,6 @@ def make_task(tmp_path) -> TaskFactory:
         return root
 
     return make
-
-
-def docker_client_or_skip():
-    docker = pytest.importorskip("docker")
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:  # the SDK raises several unrelated types for "no daemon"
-        pytest.skip(f"Docker engine not reachable: {exc}")
-    return client
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    return docker_client_or_skip()
-
-
-@pytest.fixture(scope="session")
-def base_image(docker_client) -> str:
-    """Build the offline base image once if it is missing (about a minute)."""
-    try:
-        docker_client.images.get(BASE_IMAGE)
-    except Exception:
-        subprocess.run(["bash", str(REPO / "docker" / "sandbox-base" / "build.sh")], check=True, timeout=900)
-    return BASE_IMAGE
 
 
 @pytest.fixture(scope="session")
