@@ -62,6 +62,8 @@ ONE_SHOT_HARNESSES = frozenset({"nop", "oracle"})
 """Harnesses that make no model calls; every other harness drives a multi-step agent."""
 AGENT_TIMEOUT_GRACE_S = 60.0
 """Harnesses enforce the agent timeout inside the sandbox; this backstop fires that much later."""
+RECANCEL_INTERVAL_S = 1.0
+"""A cancelled rollout whose task is still running after this long is cancelled again."""
 RESTART_REASON = "the server stopped while this rollout was running (restart or crash)"
 LOG_TAIL_CHARS = 4000
 
@@ -405,8 +407,13 @@ class RolloutManager:
             asyncio.ensure_future(self._finish(live, None, ending, time.monotonic()))
 
     def _cancel_on_worker(self, live: _Live) -> None:
-        if live.runner is not None:
-            live.runner.cancel()
+        """Cancel the rollout's task, and again each second until its cleanup begins: code below us
+        (a library's `asyncio.wait_for` on Python 3.11, gh-86296) may swallow one cancel."""
+        runner = live.runner
+        if runner is None or runner.done() or live.phase == "stopping":
+            return
+        runner.cancel()
+        asyncio.get_running_loop().call_later(RECANCEL_INTERVAL_S, self._cancel_on_worker, live)
 
     async def _open_session(
         self,
@@ -532,9 +539,8 @@ class RolloutManager:
         await sandbox.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier"], user="root", timeout_s=30.0)
         _raise_if_cancelled(live)
         try:
-            outcome = await asyncio.wait_for(
-                live.harness.run(sandbox, run), timeout_s + AGENT_TIMEOUT_GRACE_S
-            )
+            async with asyncio.timeout(timeout_s + AGENT_TIMEOUT_GRACE_S):
+                outcome = await live.harness.run(sandbox, run)
         except TimeoutError:
             outcome = AgentOutcome(
                 timed_out=True, log_tail=f"the harness did not return within {timeout_s:.0f} s"
@@ -587,7 +593,8 @@ class RolloutManager:
     async def _stop_sandbox(self, live: _Live, sandbox: Sandbox) -> float:
         t0 = time.monotonic()
         try:
-            await asyncio.wait_for(sandbox.stop(), self.config.sandbox_stop_timeout_s)
+            async with asyncio.timeout(self.config.sandbox_stop_timeout_s):
+                await sandbox.stop()
         except Exception as exc:
             log.error("sandbox of rollout %s did not stop cleanly: %r", live.rollout_id, exc)
         return time.monotonic() - t0
@@ -694,8 +701,7 @@ class RolloutManager:
 
 
 def _raise_if_cancelled(live: _Live) -> None:
-    """Python 3.11's asyncio.wait_for can swallow a cancel that lands as its inner await completes
-    (gh-86296), so a cancel during a short sandbox step could be lost and the agent start anyway.
-    The request is also recorded on `live`; check it between steps."""
+    """A cancel swallowed inside a short sandbox step is repeated within a second, but the next step
+    may have begun by then; the request is also recorded on `live`, so check it between steps."""
     if live.cancel_reason is not None:
         raise asyncio.CancelledError(live.cancel_reason)

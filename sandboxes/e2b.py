@@ -304,7 +304,8 @@ class E2BSandbox:
             ),
         )
         try:
-            result = await asyncio.wait_for(handle.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                result = await handle.wait()
         except TimeoutError:
             await self._kill(handle.pid)
             return ExecResult(

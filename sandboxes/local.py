@@ -235,7 +235,8 @@ class LocalSandbox:
         readers = [asyncio.create_task(_read_capped(s, limit)) for s in (proc.stdout, proc.stderr)]
         timed_out = False
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await proc.wait()
         except TimeoutError:
             timed_out = True
         except BaseException:

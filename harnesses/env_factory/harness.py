@@ -134,7 +134,8 @@ class EnvFactoryHarness:
         }
         env = factory.create()
         try:
-            result = await asyncio.wait_for(self._episode(factory, env, run, row, spec.loop), run.timeout_s)
+            async with asyncio.timeout(run.timeout_s):
+                result = await self._episode(factory, env, run, row, spec.loop)
         except TimeoutError:
             return AgentOutcome(
                 timed_out=True, log_tail=f"the episode did not end within {run.timeout_s:.0f} s"

@@ -2,6 +2,8 @@
 
 - `sleeper` runs `sleep` inside the sandbox and remembers the sandbox, so a test can see that a
   cancelled rollout's sandbox was really stopped and its process killed.
+- `stubborn` swallows the first cancel it gets and sleeps on, as code under a Python 3.11
+  `asyncio.wait_for` can (gh-86296), so a test can see that the server's cancel still ends it.
 - `scripted` makes one chat-completion call from INSIDE the sandbox to the capture port, with the
   session key the server handed it, asking with the rollout's episode id as the message, so a test
   can check that every trace holds its own rollout's call and nobody else's. With an episode id
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING
 
@@ -70,7 +73,19 @@ class ScriptedHarness:
         )
 
 
-EXTRA = {"sleeper": SleeperHarness, "scripted": ScriptedHarness}
+class StubbornHarness(SleeperHarness):
+    name = "stubborn"
+    swallowed = 0
+
+    async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
+        try:
+            return await super().run(sandbox, run)
+        except asyncio.CancelledError:
+            type(self).swallowed += 1
+            return await super().run(sandbox, run)
+
+
+EXTRA = {"sleeper": SleeperHarness, "scripted": ScriptedHarness, "stubborn": StubbornHarness}
 
 
 def harness_factory(name: str):

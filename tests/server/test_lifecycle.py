@@ -14,7 +14,7 @@ from harbor_server.client import AsyncHarborSessionFactory, HarborClient, Harbor
 from harbor_server.errors import CapacityExceeded, RolloutNotFinished
 from harbor_server.rollouts import RESTART_REASON
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
-from tests.server.scripted import SERVER_KWARGS, SLEEP_S, SleeperHarness
+from tests.server.scripted import SERVER_KWARGS, SLEEP_S, SleeperHarness, StubbornHarness
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,11 +42,11 @@ def _wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> No
         time.sleep(0.05)
 
 
-def _sleeper_factory(url: str, **kwargs) -> HarborSessionFactory:
+def _sleeper_factory(url: str, harness: str = "sleeper", **kwargs) -> HarborSessionFactory:
     return HarborSessionFactory(
         url,
         split="builtin",
-        harness="sleeper",
+        harness=harness,
         sandbox="local",
         llm_url=UNUSED_ENGINE,
         model="tiny",
@@ -84,6 +84,17 @@ def test_cancel_stops_the_sandbox(sleeper_server):
     assert httpx.get(sleeper_server.url + "/health").json()["live_rollouts"] == 0
 
 
+def test_cancel_ends_a_rollout_whose_code_swallowed_the_first_cancel(sleeper_server):
+    StubbornHarness.swallowed = 0
+    with _sleeper_factory(sleeper_server.url, harness="stubborn") as factory:
+        session = factory.create(0)
+        _wait_for(lambda: factory.client.rollout(session.rollout_id).phase == "agent", what="agent phase")
+        _wait_for(lambda: len(StubbornHarness.sandboxes) == 1, what="the harness to start")
+        state = session.cancel()
+        assert state.status == "cancelled"
+        assert StubbornHarness.swallowed == 1  # the first cancel was lost; a repeat ended it
+
+
 def test_capacity_answers_429_and_frees_up(sleeper_server):
     with _sleeper_factory(sleeper_server.url) as factory:
         first, second = factory.create(0), factory.create(1)
@@ -102,15 +113,10 @@ def test_capacity_answers_429_and_frees_up(sleeper_server):
         assert response.status_code == 429 and "MAX_CONCURRENT_ENVS" in response.json()["detail"]
         with pytest.raises(RolloutNotFinished):
             factory.client.result(first.rollout_id)
-        # Cancel once each agent runs: a cancel landing mid-start-up can still be lost (a known race,
-        # see the stop note), which this test is not about.
-        in_agent = lambda s: factory.client.rollout(s.rollout_id).phase == "agent"  # noqa: E731
-        _wait_for(lambda: in_agent(first), what="first agent phase")
-        first.close()  # cancels: a slot frees
+        first.close()  # cancels, wherever its start-up is: a slot frees
         third = factory.create(2)
-        for session in (second, third):
-            _wait_for(lambda s=session: in_agent(s), what="agent phase")
-            session.close()
+        second.close()
+        third.close()
         assert {factory.client.rollout(s.rollout_id).status for s in (first, second, third)} == {"cancelled"}
 
 
