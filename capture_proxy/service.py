@@ -17,7 +17,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -95,9 +95,12 @@ class _Live:
     status: str
     base: str
     headers: dict[str, str]
+    key_hash: str
     calls: int = 0
     next_seq: int = 0
     failed: bool = False
+    auth_headers: list[str] = field(default_factory=list)
+    """The Authorization headers cached for this session, so closing it can drop them."""
 
 
 @dataclass(slots=True)
@@ -215,9 +218,14 @@ class CaptureService:
         record = await asyncio.to_thread(self.store.get_session, session_id)
         if record.status == "running":
             record = await asyncio.to_thread(self.store.update_session, session_id, status=status)
-        live = self._by_id.get(session_id)
+        live = self._by_id.pop(session_id, None)
         if live is not None:
+            # Calls in flight hold `live` and see the end; later ones find the ended record in the
+            # store (409), so a run of days does not keep every key it ever issued in memory.
             live.status = record.status
+            self._by_hash.pop(live.key_hash, None)
+            for header in live.auth_headers:
+                self._by_auth.pop(header, None)
         return self._info(record)
 
     async def get_trace(self, session_id: str) -> TrainingTrace:
@@ -254,10 +262,18 @@ class CaptureService:
         )
 
     def _remember(self, r: SessionRecord) -> _Live:
+        """Cache the session for its key and id. The first to arrive wins, so two concurrent first
+        calls share one counter."""
+        live = self._by_hash.setdefault(r.api_key_hash, self._live(r))
+        self._by_id.setdefault(r.session_id, live)
+        return live
+
+    @staticmethod
+    def _live(r: SessionRecord) -> _Live:
         headers = {"content-type": JSON}
         if r.upstream_api_key:
             headers["authorization"] = f"Bearer {r.upstream_api_key}"
-        live = _Live(
+        return _Live(
             session_id=r.session_id,
             purpose=r.purpose,
             model=r.model,
@@ -266,14 +282,11 @@ class CaptureService:
             status=r.status,
             base=r.llm_url,
             headers=headers,
+            key_hash=r.api_key_hash,
             calls=r.num_turns,
             next_seq=r.num_turns,
             failed=r.error is not None,
         )
-        # The first to arrive wins, so two concurrent first calls share one counter.
-        live = self._by_hash.setdefault(r.api_key_hash, live)
-        self._by_id.setdefault(r.session_id, live)
-        return live
 
     @property
     def live_sessions(self) -> int:
@@ -286,7 +299,9 @@ class CaptureService:
         live = self._by_auth.get(authorization)  # type: ignore[arg-type]
         if live is None:
             live = await self._find(authorization)
-            self._by_auth[authorization] = live  # type: ignore[index]
+            if live.status == "running":
+                self._by_auth[authorization] = live  # type: ignore[index]
+                live.auth_headers.append(authorization)  # type: ignore[arg-type]
         if live.status != "running":
             self.metrics.error("session_ended")
             raise ProxyRequestError(
@@ -309,7 +324,7 @@ class CaptureService:
             if record is None:
                 self.metrics.error("unauthorized")
                 raise ProxyRequestError(401, "unknown session key", code="invalid_api_key")
-            live = self._remember(record)
+            live = self._remember(record) if record.status == "running" else self._live(record)
         return live
 
     async def models(self, authorization: str | None) -> Response:

@@ -280,3 +280,17 @@ def test_health_and_metrics(proxy):
     assert 'harbor_proxy_requests_total{endpoint="chat",status="200"} 1' in text
     assert 'harbor_proxy_turns_total{endpoint="chat",capture="ok"} 1' in text
     assert 'harbor_proxy_call_latency_seconds_count{endpoint="chat"} 1' in text
+
+
+def test_closed_session_key_answers_409_and_leaves_the_key_cache(proxy):
+    session = proxy.create()
+    client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert proxy.service.live_sessions == 1
+    r = httpx.delete(f"{proxy.url}/sessions/{session.session_id}", headers=proxy.admin)
+    assert r.status_code == 200, r.text
+    assert proxy.service.live_sessions == 0  # a run of days does not keep every key in memory
+    for _ in range(2):  # found again in the store, still refused, and not cached again
+        with pytest.raises(openai.ConflictError, match="completed"):
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert proxy.service.live_sessions == 0
