@@ -144,6 +144,8 @@ class CaptureService:
         self._by_auth: dict[str, _Live] = {}
         """Authorization header -> session, for keys already found: no hashing per call."""
         self._by_id: dict[str, _Live] = {}
+        self._plain_upstreams: set[str] = set()
+        """Upstream base URLs that refused vLLM's `return_token_ids` (not vLLM): eval calls omit it."""
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -159,8 +161,10 @@ class CaptureService:
         task_id: str | None = None,
         harness: str | None = None,
         sandbox: str | None = None,
+        owner: str | None = None,
     ) -> SessionCreated:
-        """A new running session with a fresh key; `base_url` is where agents reach this service."""
+        """A new running session with a fresh key; `base_url` is where agents reach this service;
+        `owner` names the server running it (SessionRecord.owner)."""
         llm_url = spec.llm_url or self.config.upstream_url
         if llm_url is None:
             raise ProxyRequestError(
@@ -194,6 +198,7 @@ class CaptureService:
             sandbox=sandbox,
             metadata=spec.metadata,
             created_at=time.time(),
+            owner=owner,
         )
         await asyncio.to_thread(self.store.create_session, record)
         self._remember(record)
@@ -407,7 +412,28 @@ class CaptureService:
         )
 
     async def _send(self, call: _Call) -> httpx.Response:
-        """POST the rewritten request to the engine; the response body is not read yet."""
+        """POST the rewritten request to the engine; the response body is not read yet.
+
+        An eval session may point at an OpenAI-compatible API that is not vLLM and refuses
+        `return_token_ids`: the call is sent again without it (the turn is then kept without token
+        ids, a warning for eval), and later eval calls to that upstream leave it out from the start.
+        """
+        base = call.live.base
+        if call.live.purpose == "eval" and base in self._plain_upstreams:
+            call.upstream.pop("return_token_ids", None)
+        resp = await self._post(call)
+        if resp.status_code == 400 and call.live.purpose == "eval" and "return_token_ids" in call.upstream:
+            body = await resp.aread()
+            await resp.aclose()
+            if b"return_token_ids" not in body:
+                return httpx.Response(400, content=body, headers=resp.headers)
+            log.warning("upstream %s refuses return_token_ids; eval calls to it go without", base)
+            self._plain_upstreams.add(base)
+            call.upstream.pop("return_token_ids")
+            resp = await self._post(call)
+        return resp
+
+    async def _post(self, call: _Call) -> httpx.Response:
         content = orjson.dumps(call.upstream)
         if self._transport is not None:
             key = (call.live.base, call.endpoint)

@@ -38,6 +38,7 @@ IM_START, IM_END = 1, 2
 BYTE_OFFSET = 3
 VOCAB_SIZE = 256 + BYTE_OFFSET
 POLICY_VERSION_HEADER = "x-policy-version"
+VLLM_ONLY_FIELDS = frozenset({"return_token_ids", "top_k", "min_p", "repetition_penalty"})
 
 Failure = Literal[
     "http_500", "http_400", "cut", "hang", "no_token_ids", "no_logprobs", "token_mismatch", "stream_error"
@@ -73,6 +74,8 @@ class ImitationSettings(BaseModel):
     """For `cut` and `stream_error` on streams: events sent before the failure."""
     hang_s: float = 30.0
     """How long `hang` waits before answering."""
+    openai_strict: bool = False
+    """Refuse vLLM-only fields with 400 as api.openai.com does (an OpenAI-compatible API, not vLLM)."""
 
 
 # -- the "tokenizer" and chat template ----------------------------------------------------------
@@ -230,6 +233,10 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
             return error(400, f"invalid JSON: {exc}", "BadRequestError")
         app.state.requests.append(body)
         cfg = s()
+        if cfg.openai_strict and (extra := sorted(VLLM_ONLY_FIELDS & body.keys())):
+            return error(
+                400, f"Unrecognized request argument supplied: {', '.join(extra)}", "BadRequestError"
+            )
         if cfg.fail == "http_500":
             return error(500, "imitation: injected internal error", "InternalServerError")
         if cfg.fail == "http_400":

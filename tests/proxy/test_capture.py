@@ -294,3 +294,31 @@ def test_closed_session_key_answers_409_and_leaves_the_key_cache(proxy):
         with pytest.raises(openai.ConflictError, match="completed"):
             client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     assert proxy.service.live_sessions == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_eval_against_an_openai_api_that_refuses_vllm_fields(proxy, imitation, stream):
+    """The imitation answers as api.openai.com does to `return_token_ids`: 400, unrecognized argument."""
+    imitation.configure(openai_strict=True)
+    session = proxy.create(purpose="eval")
+    client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    for _ in range(2):
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=stream)
+        if stream:
+            assert "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+        else:
+            assert reply.choices[0].message.content
+    sent = imitation.requests()
+    # Refused once, sent again without it, and the next call leaves it out from the start.
+    assert ["return_token_ids" in body for body in sent] == [True, False, False]
+    turns = proxy.store.get_turns(session.session_id)
+    assert [t.metadata.capture for t in turns] == ["missing_token_ids"] * 2
+
+
+def test_train_session_still_refuses_an_engine_without_token_ids(proxy, imitation):
+    imitation.configure(openai_strict=True)
+    session = proxy.create(purpose="train")
+    client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="return_token_ids"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
+    assert len(imitation.requests()) == 1
