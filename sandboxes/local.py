@@ -32,7 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes import layer_cache
+from sandboxes.base import ExecResult, ImageLayer, SandboxSpec
 from sandboxes.dockerfile import (
     Instruction,
     parse_dockerfile,
@@ -90,6 +91,8 @@ class LocalBackend:
         self.isolation = isolation
         self.max_output_bytes = max_output_bytes
         self.host_python = host_python
+        self.layer_cache = self.root / ".layer-cache"
+        """Harness layers' files, installed once and copied into each new sandbox."""
         self._bwrap: bool | None = None
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -476,14 +479,34 @@ class _Provisioner:
             dockerfile = parse_dockerfile(dockerfile_path)
             await self._apply(dockerfile.instructions, Path(spec.environment_dir), dockerfile_path, task=True)
         for layer in spec.image_layers:
-            where = Path(f"<layer {layer.name}>")
-            instructions = parse_dockerfile_text("\n".join(layer.dockerfile_lines), where).instructions
-            context = Path(layer.context_dir) if layer.context_dir else None
-            await self._apply(instructions, context, where, task=False)
+            await self._apply_layer(layer)
+
+    async def _apply_layer(self, layer: ImageLayer) -> None:
+        where = Path(f"<layer {layer.name}>")
+        instructions = parse_dockerfile_text("\n".join(layer.dockerfile_lines), where).instructions
+        context = Path(layer.context_dir) if layer.context_dir else None
+        fs, cache_root = self.sandbox.fs, self.sandbox._backend.layer_cache
+        key = await asyncio.to_thread(layer_cache.layer_key, layer)
+        entry = layer_cache.lookup(cache_root, key)
+        if entry is not None:
+            await asyncio.to_thread(layer_cache.restore, entry, fs)
+            await self._apply(instructions, context, where, task=False, files=False)
+            return
+        before = await asyncio.to_thread(layer_cache.snapshot, fs)
+        await self._apply(instructions, context, where, task=False)
+        await asyncio.to_thread(layer_cache.save, fs, before, cache_root, key)
 
     async def _apply(
-        self, instructions: Iterable[Instruction], context: Path | None, where: Path, *, task: bool
+        self,
+        instructions: Iterable[Instruction],
+        context: Path | None,
+        where: Path,
+        *,
+        task: bool,
+        files: bool = True,
     ):
+        """`files=False` replays only what is not in the sandbox's folder (ENV, WORKDIR, USER): the
+        files came from the layer cache."""
         seen_from = not task
         for ins in instructions:
             loc = f"{where}:{ins.line}"
@@ -509,9 +532,11 @@ class _Provisioner:
                 except SandboxPathError as exc:
                     raise UnsupportedEnvironment(f"{loc}: {exc}; {_SUGGEST_DOCKER}") from None
             elif kw in ("COPY", "ADD"):
-                await asyncio.to_thread(self._copy, ins, context, loc)
+                if files:
+                    await asyncio.to_thread(self._copy, ins, context, loc)
             elif kw == "RUN":
-                await self._run(ins, loc)
+                if files:
+                    await self._run(ins, loc)
             elif kw == "USER":
                 self.sandbox._default_user = substitute(ins.args.strip(), self.variables) or None
             elif kw in self._IGNORED:

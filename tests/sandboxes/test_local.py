@@ -54,6 +54,35 @@ async def test_provisions_workdir_copy_env_arg_run_and_layers(local_backend, tmp
         await sandbox.stop()
 
 
+async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_path):
+    env_dir = write_env(tmp_path / "environment", BASE + "WORKDIR /app\n", {})
+    layer_ctx = tmp_path / "layer"
+    layer_ctx.mkdir()
+    (layer_ctx / "tool.sh").write_text("#!/bin/sh\necho tool v1\n")
+    layer = ImageLayer(
+        name="stamped-agent",
+        dockerfile_lines=[
+            "COPY --chmod=755 tool.sh /opt/agent/bin/",
+            # A fresh random stamp each time the RUN runs: equal stamps mean the files were copied.
+            "RUN ln -s /opt/agent/bin/tool.sh /opt/agent/bin/tool && od -An -N8 -tx8 /dev/urandom > /opt/agent/stamp",
+            "ENV AGENT_HOME=/opt/agent",
+        ],
+        context_dir=layer_ctx,
+    )
+    outputs = []
+    for _ in range(2):
+        sandbox = await local_backend.start(spec(env_dir, image_layers=[layer]))
+        try:
+            result = await sandbox.exec("/opt/agent/bin/tool; echo $AGENT_HOME; cat /opt/agent/stamp")
+            outputs.append(result.stdout.split())
+            await sandbox.exec("echo 'echo changed' > /opt/agent/bin/tool.sh")  # must not reach the cache
+        finally:
+            await sandbox.stop()
+    first, second = outputs
+    assert first[:3] == ["tool", "v1", "/opt/agent"] and len(first) == 4
+    assert second == first  # files, symlink and ENV as installed; the RUN did not run again
+
+
 @pytest.mark.parametrize(
     "dockerfile",
     [
