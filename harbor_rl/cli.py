@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from harbor_rl.commands import collect, engine, inspect, proxy, serve, tasks
+from harbor_rl.commands import collect, engine, inspect, jobs, proxy, serve, tasks
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
 
@@ -24,3 +24,4 @@ inspect.register(app)
 eval_cmd.register(app)
 collect.register(app)
 train_cmd.register(app)
+jobs.register(app)

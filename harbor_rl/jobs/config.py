@@ -1,0 +1,326 @@
+"""What `harbor jobs launch` builds, validated once at the boundary.
+
+`RunConfig` is what the launcher on the job runs (it travels to the job as JSON on the job's command
+line, so it holds no secret); `LaunchConfig` adds what the Hub needs to start the job (image, hardware
+flavour, timeout, secret names, volume). A YAML file and flags both end up here, flags winning.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets as _random
+import time
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harbor_rl.jobs.errors import JobConfigError
+
+HF_TOKEN, E2B_API_KEY = "HF_TOKEN", "E2B_API_KEY"
+RUN_LABEL = "harbor-run"
+"""Job label holding the run name; the launcher finds its own job (and public URL) by it."""
+
+# Names that look like credentials: they go through the Hub's `secrets`, never plain `env`.
+_SECRET_LIKE = re.compile(
+    r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)$", re.I
+)
+_TIMEOUT = re.compile(r"^\d+(\.\d+)?[smhd]?$")
+_RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+# Trainer options the launcher sets itself from the top-level fields (one name per setting).
+_LAUNCHER_OWNED = {
+    "server_url": "the launcher's own server",
+    "llm_url": "the launcher's own engine",
+    "vllm_server_base_url": "the launcher's own engine",
+    "model": "model",
+    "served_model_name": "served_model_name",
+    "split": "split",
+    "harness": "harness",
+    "sandbox": "sandbox",
+    "output_dir": "output_dir",
+}
+
+
+def new_run_name() -> str:
+    """`harbor-YYYYmmdd-HHMMSS-xxxxxx`: sortable, unique, and a valid job label value."""
+    return f"harbor-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_random.token_hex(3)}"
+
+
+def gpu_flavors() -> dict[str, int]:
+    """Every hardware flavour the installed huggingface_hub knows, with its number of GPUs."""
+    from huggingface_hub import JobHardware
+
+    return {flavor.value: gpu_count(flavor.value) for flavor in JobHardware}
+
+
+def gpu_count(flavor: str) -> int:
+    """GPUs of a flavour by the Hub's naming: `cpu-*` none, `...xN` N, any other GPU flavour one."""
+    if flavor.startswith("cpu"):
+        return 0
+    match = re.search(r"x(\d+)$", flavor)
+    return int(match.group(1)) if match else 1
+
+
+def default_split(datasets: list[str]) -> str:
+    """The split `harbor serve` gives the one dataset (the rules of tasks.datasets.load_dataset_spec)."""
+    if len(datasets) != 1:
+        raise JobConfigError(f"{len(datasets)} datasets {datasets}: give `split` (the one to train on)")
+    spec = datasets[0]
+    if spec == "builtin":
+        return "builtin"
+    if spec.startswith("hf:"):
+        return spec[3:].partition("@")[2] or "train"
+    return PurePosixPath(spec.rstrip("/")).name
+
+
+class EngineSettings(BaseModel):
+    """The inference engine the launcher starts on GPU 0."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["vllm", "embedded"] = "vllm"
+    """vllm: `vllm serve` on GPU 0 with NCCL weight transfer; embedded: `harbor engine` on CPU (smoke runs,
+    tests), weights synced over gloo."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the engine on 127.0.0.1 (only the server and trainer on the job call it)."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of GPU 0's memory vLLM may take."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    """Prompt + completion tokens per request (None: the model's limit)."""
+    tool_call_parser: str | None = "hermes"
+    """vLLM's parser for tool calls in the model's output (hermes fits Qwen models); None: tools off."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More arguments appended to the engine's command line, as they are."""
+    health_timeout_s: float = Field(default=1800.0, gt=0)
+    """Seconds the engine gets to answer GET /health (vLLM loads and compiles the model first)."""
+
+
+class RunConfig(BaseModel):
+    """What the launcher on the job runs: engine, `harbor serve`, `harbor train`. Holds no secret."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_name: str = Field(default_factory=new_run_name)
+    """Name of the run: the job's name and `harbor-run` label, and the folder of its outputs."""
+    model: str = "Qwen/Qwen3-1.7B"
+    """The policy: a Hub model id (downloaded on the job), a folder in the image or volume, or `tiny`."""
+    served_model_name: str | None = None
+    """Name the engine serves the model under (default: `model`)."""
+    dataset: list[str] = Field(default_factory=lambda: ["builtin"])
+    """`harbor serve --dataset` values: builtin, hf:REPO[@split], or a folder in the image or volume."""
+    split: str | None = None
+    """Split to train on (default: the one dataset's split)."""
+    harness: str = "mini-swe-agent"
+    """Harness the rollouts run (mini-swe-agent, opencode, env-factory, ...)."""
+    sandbox: Literal["e2b", "docker", "local"] = "e2b"
+    """Where rollouts run; on a job that is E2B (no Docker engine inside a job's container)."""
+    num_gpus: int | None = Field(default=None, ge=1)
+    """GPUs on the host: GPU 0 runs the engine, the others the trainer (set from the flavour)."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    port: int = Field(default=8200, ge=1, le=65535)
+    """Trainer-facing port of `harbor serve` (on 127.0.0.1)."""
+    capture_port: int = Field(default=8300, ge=1, le=65535)
+    """Sandbox-facing capture port, published through the Jobs proxy for E2B sandboxes."""
+    public_url: str | None = None
+    """URL at which E2B sandboxes reach the capture port (default: this job's Jobs-proxy URL, looked up)."""
+    namespace: str | None = None
+    """Hub namespace the job runs in (default: the token's user); used to look the job up."""
+    store_url: str | None = None
+    """Trace store (default: SQLite on the job's local disk, `<work_dir>/traces.db`)."""
+    output_dir: str | None = None
+    """Checkpoints and metrics (default: `<volume mount>/harbor-runs/<run_name>`, else `<work_dir>/out`)."""
+    work_dir: str = "/tmp/harbor-job"
+    """Local scratch on the job: logs, the trace store, downloaded models."""
+    max_concurrent_envs: int | None = Field(default=None, ge=1)
+    """Server capacity (default: the trainer's max_concurrent_rollouts + 1, else the server's default)."""
+    server_health_timeout_s: float = Field(default=300.0, gt=0)
+    """Seconds `harbor serve` gets to answer GET /health."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """More `harbor train` settings (AsyncGRPOConfig and run fields), passed as `--set KEY=VALUE`."""
+
+    @field_validator("run_name")
+    @classmethod
+    def _label_friendly(cls, v: str) -> str:
+        if not _RUN_NAME.match(v):
+            raise ValueError(f"{v!r}: use lower-case letters, digits and '-' (at most 63), starting alnum")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _some_dataset(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("give at least one dataset (e.g. builtin or hf:ORG/TASKS@train)")
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} must start with http:// or https://")
+        return v
+
+    @field_validator("trainer")
+    @classmethod
+    def _not_launcher_owned(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in v:
+            if key in _LAUNCHER_OWNED:
+                raise ValueError(f"trainer.{key} is set by the launcher from {_LAUNCHER_OWNED[key]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        if self.model == "tiny" and self.engine.kind == "vllm":
+            raise ValueError("model 'tiny' is built by the embedded engine; vLLM needs a Hub id or a folder")
+        if self.split is None:
+            self.split = default_split(self.dataset)
+        rollouts = self.trainer.get("max_concurrent_rollouts")
+        envs = self.max_concurrent_envs
+        if envs is not None and isinstance(rollouts, int) and envs < rollouts + 1:
+            raise ValueError(
+                f"max_concurrent_envs={envs} must be at least trainer.max_concurrent_rollouts + 1 = {rollouts + 1}"
+            )
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://127.0.0.1:{self.engine.port}"
+
+    @property
+    def server_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def resolved_output_dir(self) -> str:
+        return self.output_dir or f"{self.work_dir}/out"
+
+    @property
+    def server_capacity(self) -> int | None:
+        rollouts = self.trainer.get("max_concurrent_rollouts")
+        if self.max_concurrent_envs is not None:
+            return self.max_concurrent_envs
+        return rollouts + 1 if isinstance(rollouts, int) else None
+
+
+class LaunchConfig(RunConfig):
+    """A job on Hugging Face Jobs: where and how long it runs, plus the run itself."""
+
+    image: str
+    """The trainer image (docker/trainer/), pushed where the Hub can pull it."""
+    flavor: str = "h200x2"
+    """Hardware flavour (`harbor jobs launch --help` lists them); vLLM needs a flavour with 2+ GPUs."""
+    timeout: str = "2h"
+    """Most the job may run: seconds, or a number with s, m, h or d."""
+    secrets: list[str] = Field(default_factory=list)
+    """More secret NAMES to pass (values from the local environment); HF_TOKEN always, E2B_API_KEY with e2b."""
+    volume: str | None = None
+    """A Hub bucket (`namespace/name`) mounted at `volume_mount`; outputs go there."""
+    volume_mount: str = "/data"
+    """Where the bucket is mounted in the job's container."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Plain environment variables for the job (never credentials: those are `secrets`)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """More job labels."""
+
+    @field_validator("flavor")
+    @classmethod
+    def _known_flavor(cls, v: str) -> str:
+        known = gpu_flavors()
+        if v not in known:
+            multi = ", ".join(f for f, n in known.items() if n >= 2)
+            raise ValueError(f"unknown flavour {v!r}; flavours with 2+ GPUs: {multi}")
+        return v
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, v: str) -> str:
+        v = str(v).strip()
+        if not _TIMEOUT.match(v) or float(v.rstrip("smhd")) <= 0:
+            raise ValueError(f"timeout {v!r}: give seconds or a number with s, m, h or d (e.g. 6h)")
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if "=" in name or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"secrets take NAMES (the value comes from your environment), not {name!r}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _no_credentials(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if name in (HF_TOKEN, E2B_API_KEY) or _SECRET_LIKE.search(name):
+                raise ValueError(
+                    f"{name} looks like a credential: pass it with --secret {name}, never as env"
+                )
+        return v
+
+    @field_validator("volume")
+    @classmethod
+    def _bucket_id(cls, v: str | None) -> str | None:
+        if v is not None and not _REPO_ID.match(v):
+            raise ValueError(f"volume {v!r}: give a bucket as namespace/name")
+        return v
+
+    @field_validator("volume_mount")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"volume_mount {v!r} must be an absolute path")
+        return v
+
+    @model_validator(mode="after")
+    def _hardware(self) -> LaunchConfig:
+        gpus = gpu_count(self.flavor)
+        if self.engine.kind == "vllm" and gpus < 2:
+            raise ValueError(
+                f"flavour {self.flavor!r} has {gpus} GPU(s); the launcher needs 2+ "
+                "(vLLM on GPU 0, the trainer on the others), e.g. h200x2"
+            )
+        if self.num_gpus is None:
+            self.num_gpus = max(gpus, 1)
+        elif gpus and self.num_gpus != gpus:
+            raise ValueError(f"num_gpus={self.num_gpus} but flavour {self.flavor!r} has {gpus}")
+        if self.output_dir is None and self.volume is not None:
+            self.output_dir = f"{self.volume_mount.rstrip('/')}/harbor-runs/{self.run_name}"
+        return self
+
+    @property
+    def required_secrets(self) -> list[str]:
+        """HF_TOKEN always (model download, the job's own URL lookup), E2B_API_KEY with E2B, then extras."""
+        names = [HF_TOKEN] + ([E2B_API_KEY] if self.sandbox == "e2b" else []) + self.secrets
+        return list(dict.fromkeys(names))
+
+    def run_config(self) -> RunConfig:
+        """The part the job's launcher needs (no image, flavour or secret names)."""
+        return RunConfig(**self.model_dump(include=set(RunConfig.model_fields)))
+
+
+def load_launch_config(data: dict[str, Any]) -> LaunchConfig:
+    """Validate a merged YAML + flags mapping; errors name the key and what is wrong with it."""
+    try:
+        return LaunchConfig(**data)
+    except ValidationError as exc:
+        raise JobConfigError(_explain(exc)) from None
+
+
+def load_run_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig(**data)
+    except ValidationError as exc:
+        raise JobConfigError(_explain(exc)) from None
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "config"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)

@@ -1,0 +1,119 @@
+"""The Hub's jobs API, wrapped: launch, status, logs, cancel, and what the launcher asks of the Hub on
+the job (its own public URL, the model's files). Every call takes the `HfApi` to use."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+from harbor_rl.jobs.config import RUN_LABEL, RunConfig
+from harbor_rl.jobs.errors import HubError, LauncherError
+from harbor_rl.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi, JobInfo
+
+T = TypeVar("T")
+
+
+def make_api() -> HfApi:
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def _hub_call(what: str, call: Callable[[], T]) -> T:
+    """Run one Hub call; its HTTP and lookup errors become a HubError that says what failed."""
+    from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError, LocalTokenNotFoundError
+
+    try:
+        return call()
+    except JobNotFoundError as exc:
+        raise HubError(f"{what}: no such job ({exc})") from exc
+    except LocalTokenNotFoundError as exc:
+        raise HubError(f"{what}: not logged in to the Hub (export HF_TOKEN or `hf auth login`)") from exc
+    except HfHubHTTPError as exc:
+        raise HubError(f"{what}: the Hub answered {exc}") from exc
+    except OSError as exc:  # connection refused, DNS, timeouts
+        raise HubError(f"{what}: cannot reach the Hub ({exc})") from exc
+
+
+def launch(api: HfApi, spec: JobSpec) -> JobInfo:
+    return _hub_call("launching the job", lambda: api.run_job(**spec.run_job_kwargs()))
+
+
+def status(api: HfApi, job_id: str, namespace: str | None = None) -> JobInfo:
+    return _hub_call(f"inspecting job {job_id}", lambda: api.inspect_job(job_id=job_id, namespace=namespace))
+
+
+def cancel(api: HfApi, job_id: str, namespace: str | None = None) -> None:
+    _hub_call(f"cancelling job {job_id}", lambda: api.cancel_job(job_id=job_id, namespace=namespace))
+
+
+def logs(
+    api: HfApi, job_id: str, namespace: str | None = None, *, follow: bool = False, tail: int | None = None
+) -> Iterator[str]:
+    """The job's log lines; with `follow`, streamed until the job ends."""
+    what = f"fetching the logs of job {job_id}"
+    lines = _hub_call(
+        what, lambda: iter(api.fetch_job_logs(job_id=job_id, namespace=namespace, follow=follow, tail=tail))
+    )
+    while True:  # fetch_job_logs is lazy: errors surface while iterating, so each step is wrapped
+        line = _hub_call(what, lambda: next(lines, None))
+        if line is None:
+            return
+        yield line
+
+
+def status_rows(job: JobInfo) -> list[tuple[str, str]]:
+    """The fields `harbor jobs status` shows (the secrets' names only)."""
+    stage = getattr(job.status, "stage", None)
+    rows = [
+        ("id", job.id),
+        ("stage", str(getattr(stage, "value", stage))),
+        ("message", (job.status.message if job.status else None) or ""),
+        ("flavor", str(job.flavor)),
+        ("image", job.docker_image or job.space_id or ""),
+        ("created", str(job.created_at or "")),
+        ("started", str(getattr(job, "started_at", None) or "")),
+        ("finished", str(getattr(job, "finished_at", None) or "")),
+        ("labels", ", ".join(f"{k}={v}" for k, v in (job.labels or {}).items())),
+        ("secrets", ", ".join(sorted(job.secrets or {}))),
+        ("exposed", ", ".join((job.status.expose_urls if job.status else None) or [])),
+        ("url", getattr(job, "url", "") or ""),
+    ]
+    return rows
+
+
+def find_public_url(api: HfApi, config: RunConfig, *, timeout_s: float = 120.0, poll_s: float = 5.0) -> str:
+    """This job's Jobs-proxy URL of the capture port, found by the run's label (the container is not
+    told its own job id). The URL may appear a little after the job starts, so look for a while."""
+    deadline = time.monotonic() + timeout_s
+    marker = f"--{config.capture_port}."
+    while True:
+        jobs = _hub_call(
+            "looking up this job",
+            lambda: list(
+                api.list_jobs(
+                    labels={RUN_LABEL: config.run_name}, status="RUNNING", namespace=config.namespace
+                )
+            ),
+        )
+        urls = [u for job in jobs for u in ((job.status.expose_urls if job.status else None) or [])]
+        matching = [u for u in urls if marker in u] or (urls if len(urls) == 1 else [])
+        if matching:
+            return matching[0].rstrip("/")
+        if time.monotonic() > deadline:
+            raise LauncherError(
+                f"no public URL for the capture port {config.capture_port} on a running job labelled "
+                f"{RUN_LABEL}={config.run_name} (found {len(jobs)} job(s), URLs {urls}); set public_url"
+            )
+        time.sleep(poll_s)
+
+
+def download_model(repo_id: str, local_dir: str) -> str:
+    """The model's files into LOCAL_DIR (HF_TOKEN from the job's secrets serves gated models)."""
+    from huggingface_hub import snapshot_download
+
+    return _hub_call(f"downloading {repo_id}", lambda: snapshot_download(repo_id, local_dir=local_dir))

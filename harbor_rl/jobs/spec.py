@@ -1,0 +1,176 @@
+"""The job as the Hub's jobs API receives it (`HfApi.run_job` keyword arguments), and its dry-run text.
+
+Secrets are read from the local environment into `JobSpec.secrets` (SecretStr: never printed) and go
+only to run_job's `secrets`; the plain `env` and the command hold none, which `build_job_spec` checks.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+from harbor_rl.jobs.config import HF_TOKEN, RUN_LABEL, LaunchConfig, gpu_count
+from harbor_rl.jobs.errors import JobConfigError, MissingSecretError
+from harbor_rl.jobs.plan import build_plan, model_location
+
+
+class VolumeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    source: str
+    mount_path: str
+
+
+class JobSpec(BaseModel):
+    """Everything `HfApi.run_job` gets for one launch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str
+    command: list[str]
+    flavor: str
+    timeout: str
+    env: dict[str, str]
+    secrets: dict[str, SecretStr]
+    labels: dict[str, str]
+    volumes: list[VolumeSpec]
+    expose_public: list[int]
+    namespace: str | None
+    name: str
+
+    def run_job_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `HfApi.run_job`, secret values included (only ever sent to the Hub)."""
+        from huggingface_hub import Volume
+
+        return {
+            "image": self.image,
+            "command": list(self.command),
+            "env": dict(self.env),
+            "secrets": {name: value.get_secret_value() for name, value in self.secrets.items()},
+            "flavor": self.flavor,
+            "timeout": self.timeout,
+            "labels": dict(self.labels),
+            "volumes": [Volume(**v.model_dump()) for v in self.volumes] or None,
+            "expose_public": list(self.expose_public) or None,
+            "namespace": self.namespace,
+            "name": self.name,
+        }
+
+
+def _local_secret(name: str, environ: Mapping[str, str], saved_token: Callable[[], str | None]) -> str | None:
+    value = environ.get(name)
+    if not value and name == HF_TOKEN:
+        value = saved_token()  # `hf auth login` stores one
+    return value or None
+
+
+def build_job_spec(
+    config: LaunchConfig,
+    environ: Mapping[str, str],
+    *,
+    saved_token: Callable[[], str | None] | None = None,
+    require_secrets: bool = True,
+) -> tuple[JobSpec, list[str]]:
+    """The job for CONFIG, secrets read from ENVIRON; returns (spec, names of secrets not set locally).
+
+    With `require_secrets` a missing secret is a MissingSecretError (a dry run lists them instead).
+    """
+    if saved_token is None:
+        from huggingface_hub import get_token as saved_token
+    values: dict[str, SecretStr] = {}
+    missing: list[str] = []
+    for name in config.required_secrets:
+        value = _local_secret(name, environ, saved_token)
+        if value is None:
+            missing.append(name)
+        else:
+            values[name] = SecretStr(value)
+    if missing and require_secrets:
+        why = " (E2B sandboxes need it)" if "E2B_API_KEY" in missing else ""
+        raise MissingSecretError(
+            f"secret(s) {', '.join(missing)} not set in your environment{why}: export them first "
+            f"(e.g. `export {missing[0]}=...`{'; or `hf auth login`' if missing[0] == HF_TOKEN else ''})"
+        )
+    run = config.run_config()
+    command = ["harbor", "jobs", "run-on-host", "--config-json", run.model_dump_json(exclude_none=True)]
+    env = {"PYTHONUNBUFFERED": "1", **config.env}
+    _refuse_leaks(values, env, command)
+    volumes = (
+        [VolumeSpec(type="bucket", source=config.volume, mount_path=config.volume_mount)]
+        if config.volume
+        else []
+    )
+    spec = JobSpec(
+        image=config.image,
+        command=command,
+        flavor=config.flavor,
+        timeout=config.timeout,
+        env=env,
+        secrets=values,
+        labels={**config.labels, RUN_LABEL: config.run_name},
+        volumes=volumes,
+        # Public: agents authenticate with their session key, which the Jobs proxy's HF-token check
+        # would refuse; the capture port serves only session-key routes and /health.
+        expose_public=[config.capture_port] if config.sandbox == "e2b" else [],
+        namespace=config.namespace,
+        name=config.run_name,
+    )
+    return spec, missing
+
+
+def _refuse_leaks(values: Mapping[str, SecretStr], env: Mapping[str, str], command: list[str]) -> None:
+    """A secret value in the plain env or the command would be visible to anyone who can read the job."""
+    for name, secret in values.items():
+        value = secret.get_secret_value()
+        if len(value) < 8:  # too short to tell a leak from a coincidence ("1")
+            continue
+        if any(value in v for v in env.values()) or any(value in part for part in command):
+            raise JobConfigError(
+                f"the value of {name} appears in the job's env or command; pass it only as a secret"
+            )
+
+
+def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> str:
+    """The job spec and the launcher's commands, as text (nothing is sent to the Hub)."""
+    run = config.run_config()
+    model_path, download = model_location(run)
+    lookup = run.sandbox == "e2b" and run.public_url is None
+    url = f"https://<JOB_ID>--{run.capture_port}.hf.jobs" if lookup else run.public_url
+    secret_names = [
+        f"{n} (NOT SET locally: launch will refuse)" if n in missing else n for n in config.required_secrets
+    ]
+    lines = [
+        "Hugging Face job (dry run: nothing is sent to the Hub)",
+        f"  image:     {spec.image}",
+        f"  flavor:    {spec.flavor} ({gpu_count(spec.flavor)} GPUs)",
+        f"  timeout:   {spec.timeout}",
+        f"  namespace: {spec.namespace or '(your user)'}",
+        f"  name:      {spec.name}",
+        f"  labels:    {', '.join(f'{k}={v}' for k, v in spec.labels.items())}",
+        f"  env:       {', '.join(f'{k}={v}' for k, v in spec.env.items())}",
+        f"  secrets:   {', '.join(secret_names)}  (names only; values come from your environment)",
+        f"  volumes:   {', '.join(f'{v.type} {v.source} -> {v.mount_path}' for v in spec.volumes) or '(none: outputs are lost when the job ends)'}",
+        f"  expose:    {', '.join(f'{p} (public: capture port for E2B sandboxes)' for p in spec.expose_public) or '(none)'}",
+        f"  command:   {shlex.join(spec.command)}",
+        "",
+        "On the job, `harbor jobs run-on-host` runs, each step healthy before the next:",
+    ]
+    step = 0
+    if lookup:
+        lines.append(
+            f"  <JOB_ID>: looked up on the job through the Hub by its label {RUN_LABEL}={run.run_name}"
+        )
+    if download:
+        lines.append(f"  {step}. download {download} -> {model_path} (huggingface_hub.snapshot_download)")
+        step += 1
+    for process in build_plan(run, model_path=model_path, public_url=url):
+        wait = f"; wait for GET {process.health_url}" if process.health_url else "; wait for it to exit"
+        lines.append(f"  {step}. {process.name}: {process.shell()}{wait}")
+        step += 1
+    lines.append("  then, and on any failure or cancel: stop trainer, server, engine (in that order)")
+    lines.append(f"  logs: {run.work_dir}/logs/<name>.log; outputs: {run.resolved_output_dir}")
+    return "\n".join(lines)
