@@ -176,6 +176,12 @@ KNOWN: tuple[Benchmark, ...] = (
             ),
         ),
     ),
+    Benchmark(
+        "e2e_rollouts",
+        "End-to-end rollouts/min on the embedded default: GRPO training vs the same rollouts alone, and "
+        "the training step-time split.",
+        timeout_s=(300, 1200),
+    ),
     Benchmark("inspector_open", "Trace inspector: opening rollouts and listing pages in a large store."),
     Benchmark(
         "gpu_step",

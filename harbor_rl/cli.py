@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from harbor_rl.commands import collect, engine, inspect, jobs, proxy, serve, tasks
+from harbor_rl.commands import bench, collect, engine, inspect, jobs, proxy, serve, tasks
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
 
@@ -24,4 +24,5 @@ inspect.register(app)
 eval_cmd.register(app)
 collect.register(app)
 train_cmd.register(app)
+bench.register(app)
 jobs.register(app)

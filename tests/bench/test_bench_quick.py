@@ -55,3 +55,17 @@ def test_a_failing_benchmark_is_reported_not_fatal(tmp_path: Path) -> None:
     record = json.loads(out.read_text())
     assert record["tables"] == [{"title": "half done", "columns": ["x"], "rows": [["1"]]}]
     assert record["exit_code"] == 1 and "ValueError: disk full" in record["error"]
+
+
+def test_harbor_bench_runs_the_same_suite_with_the_same_flags() -> None:
+    """`harbor bench` forwards its flags to `python -m bench`: the list, and its error for a bad name."""
+    harbor = [sys.executable, "-c", "from harbor_rl.cli import app; app()", "bench"]
+    listed = subprocess.run([*harbor, "--list"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    names = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    assert "e2e_rollouts" in names and "store_ingest" in names
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_")} - {"peers"}
+    assert set(names) == scripts  # every bench/<name>.py is in the suite
+    bad = subprocess.run([*harbor, "--quick", "--only", "no_such_bench"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "unknown benchmark(s) no_such_bench" in bad.stderr
