@@ -11,17 +11,26 @@ from contextlib import asynccontextmanager
 from typing import Literal
 
 import orjson
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
 
 from capture_proxy.config import ProxyConfig
-from capture_proxy.errors import InvalidSessionUpdate, InvalidTraceError, ProxyRequestError, SessionNotFound
-from capture_proxy.models import SessionCreate
+from capture_proxy.errors import (
+    InvalidSessionUpdate,
+    InvalidTraceError,
+    ProxyRequestError,
+    SessionNotFound,
+    StoreError,
+)
+from capture_proxy.models import INT64_LIMIT, SessionCreate
 from capture_proxy.service import CaptureService, error_response, json_response
 from capture_proxy.store import TraceStore
+
+MAX_PAGE = 1000
+"""Most sessions one `GET /sessions` returns; bounds also keep bad paging a 422, not a store error."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -105,6 +114,8 @@ def admin_router(service: CaptureService, admin_key: str) -> APIRouter:
             return error_response(ProxyRequestError(404, str(exc), code="session_not_found"))
         except InvalidSessionUpdate as exc:
             return error_response(ProxyRequestError(409, str(exc), code="invalid_session_update"))
+        except StoreError as exc:  # e.g. the disk is full: say so rather than a bare 500
+            return error_response(ProxyRequestError(503, str(exc), type="server_error", code="store_error"))
         except InvalidTraceError as exc:
             body = ProxyRequestError(409, str(exc), code="invalid_trace").body()
             body["findings"] = [f.model_dump(mode="json") for f in exc.findings]
@@ -134,8 +145,8 @@ def admin_router(service: CaptureService, admin_key: str) -> APIRouter:
         status: str | None = None,
         purpose: str | None = None,
         task_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        limit: int = Query(100, ge=1, le=MAX_PAGE),
+        offset: int = Query(0, ge=0, lt=INT64_LIMIT),  # the store's OFFSET is a 64-bit integer
     ) -> Response:
         async def action() -> Response:
             infos = await service.list_sessions(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -27,6 +27,24 @@ SessionStatus = Literal["running", "completed", "failed", "timed_out", "cancelle
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+
+INT64_LIMIT = 2**63
+
+
+def require_int64(value: Any, where: str) -> None:
+    """Raise ValueError naming the place of any integer in `value` (nested dicts and lists too) that a
+    64-bit store column or JSON field cannot hold, so it is refused as bad input rather than failing
+    in the store."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -INT64_LIMIT <= value < INT64_LIMIT:
+            raise ValueError(f"{where}: integer {value} does not fit in 64 bits")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            require_int64(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            require_int64(item, f"{where}[{i}]")
 
 
 class SamplingParams(_Strict):
@@ -118,6 +136,11 @@ class SessionCreate(_Strict):
     """Step budget: past this many calls the agent gets a terminal message. 0 means no limit."""
     multi_step_task: bool = False
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _storable(self) -> SessionCreate:
+        require_int64(self.model_dump(), "session")
+        return self
 
 
 class SessionInfo(_Strict):

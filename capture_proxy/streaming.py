@@ -78,12 +78,17 @@ class StreamAssembler:
         self.done = False
         self.head: dict = {}
         self.chunks = 0
+        self._capture: Capture | None = None
 
     def relay(self, payloads: list[bytes]) -> bytes:
         """Absorb a batch of event payloads; return the SSE bytes to send the agent (without [DONE])."""
         out = []
         for payload in payloads:
             if payload == DONE:
+                try:  # checked here, where a malformed stream is still a transport failure
+                    self._capture = self.capture()
+                except TypeError as exc:
+                    raise ValueError(str(exc)) from exc
                 self.done = True
                 break
             chunk = orjson.loads(payload)
@@ -94,7 +99,13 @@ class StreamAssembler:
                 self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk)}
                 out.append(orjson.dumps(chunk))
                 break
-            self._absorb(chunk)
+            try:
+                self._absorb(chunk)
+            except (KeyError, IndexError, TypeError, AttributeError) as exc:
+                # Valid JSON of the wrong shape: the same transport failure as unparsable bytes.
+                raise ValueError(
+                    f"engine sent a malformed stream event ({exc!r}): {payload[:200]!r}"
+                ) from exc
             out.append(orjson.dumps(chunk))
         if not out:
             return b""
@@ -178,6 +189,8 @@ class StreamAssembler:
                 slot["arguments"].append(fn["arguments"])
 
     def capture(self) -> Capture:
+        if self._capture is not None:
+            return self._capture
         status, error = check_tokens(
             self.prompt_ids,
             self.completion_ids if self.saw_token_ids else None,

@@ -74,6 +74,9 @@ class ImitationSettings(BaseModel):
     """For `cut` and `stream_error` on streams: events sent before the failure."""
     hang_s: float = 30.0
     """How long `hang` waits before answering."""
+    tool_arguments: str | None = None
+    """Arguments text of every tool call, verbatim (e.g. broken JSON, as models and some tool parsers
+    let through); None: a valid JSON object built from the tool's schema."""
     openai_strict: bool = False
     """Refuse vLLM-only fields with 400 as api.openai.com does (an OpenAI-compatible API, not vLLM)."""
 
@@ -153,7 +156,10 @@ class _Completion:
                 tool = next((t for t in tools if (t.get("function") or {}).get("name") == name), tools[0])
             else:
                 tool = tools[seed % len(tools)]
-            self.tool = {"name": tool["function"]["name"], "arguments": _tool_arguments(tool)}
+            arguments = settings.tool_arguments
+            if arguments is None:
+                arguments = _tool_arguments(tool)
+            self.tool = {"name": tool["function"]["name"], "arguments": arguments}
             self.prefix = f'<tool_call>{{"name": "{self.tool["name"]}", "arguments": '
             text = self.prefix + self.tool["arguments"] + "}</tool_call>"
         else:

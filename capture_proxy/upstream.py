@@ -69,6 +69,32 @@ def _check_int(body: dict, key: str) -> None:
         raise bad_request(f"'{key}' must be an integer, got {type(v).__name__}", key)
 
 
+def _check_message(m: dict, i: int) -> None:
+    """The message fields a chat template reads: a malformed one is the agent's error (400), not a
+    request that crashes the engine and makes the whole rollout unscoreable."""
+    content = m.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise bad_request(
+            f"messages[{i}].content must be a string, an array of parts or null", f"messages[{i}]"
+        )
+    calls = m.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise bad_request(f"messages[{i}].tool_calls must be an array", f"messages[{i}]")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(
+                f"messages[{i}].tool_calls[{j}] must have a 'function' with a string 'name'", f"messages[{i}]"
+            )
+        # Arguments that are not valid JSON are kept: models write them, and the agent replays them.
+        if fn.get("arguments") is not None and not isinstance(fn["arguments"], str | dict):
+            raise bad_request(
+                f"messages[{i}].tool_calls[{j}].function.arguments must be a string", f"messages[{i}]"
+            )
+
+
 def validate_request(body: Any, endpoint: Endpoint) -> None:
     """Reject what no engine could answer, naming the field; cheap checks only, the engine does the rest."""
     if not isinstance(body, dict):
@@ -87,9 +113,16 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise bad_request(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
+            _check_message(m, i)
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be an array", "tools")
+        for i, tool in enumerate(tools or ()):
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise bad_request(
+                    f"tools[{i}] must be an object with a 'function' that has a string 'name'", f"tools[{i}]"
+                )
         lp = body.get("logprobs")
         if lp is not None and not isinstance(lp, bool):
             raise bad_request("'logprobs' must be a boolean", "logprobs")
@@ -103,6 +136,13 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
         if isinstance(prompt, list) and len(prompt) > 1 and not all(isinstance(t, int) for t in prompt):
             raise bad_request(
                 "the capture proxy takes one prompt per request (a string or token ids)", "prompt"
+            )
+        if isinstance(prompt, list) and not (
+            (len(prompt) == 1 and isinstance(prompt[0], str))
+            or all(type(t) is int and t >= 0 for t in prompt)
+        ):
+            raise bad_request(
+                "'prompt' as an array must hold one string or non-negative integer token ids", "prompt"
             )
         _check_int(body, "logprobs")
     stream = body.get("stream")
@@ -179,7 +219,10 @@ def check_tokens(
     tokens: list[str] | None,
     logps: list[Any] | None,
 ) -> tuple[str, str | None]:
-    """Capture status and error of one completion: ids present, one logprob per id, `token_id:N` == ids[i]."""
+    """Capture status and error of one completion: ids present, one logprob per id, `token_id:N` == ids[i].
+
+    Raises TypeError when the engine sent values of the wrong type (a malformed reply, not a capture)."""
+    _require_types(prompt_ids, completion_ids, logps)
     if prompt_ids is None or completion_ids is None:
         which = "prompt_token_ids" if prompt_ids is None else "token_ids"
         return (
@@ -202,9 +245,29 @@ def check_tokens(
     return "ok", None
 
 
+_NUMBER_TYPES = {int, float, type(None)}
+
+
+def _require_types(prompt_ids: Any, completion_ids: Any, logps: Any) -> None:
+    """The engine's ids are lists of ints and its logprobs numbers (or null): anything else cannot be
+    stored or trained on, so the reply is malformed. One set of types per list keeps this cheap."""
+    for name, ids in (("prompt_token_ids", prompt_ids), ("token_ids", completion_ids)):
+        if ids is not None and (type(ids) is not list or not {*map(type, ids)} <= {int}):
+            raise TypeError(f"engine sent {name} that are not a list of integers: {str(ids)[:200]}")
+    if logps is not None and not {*map(type, logps)} <= _NUMBER_TYPES:
+        raise TypeError(f"engine sent logprobs that are not numbers: {str(logps)[:200]}")
+
+
+def _first_choice(resp: dict) -> dict:
+    choices = resp["choices"]
+    if type(choices) is not list or not choices or not all(type(c) is dict for c in choices):
+        raise TypeError(f"engine sent choices that are not a list of objects: {str(choices)[:200]}")
+    return choices[0]
+
+
 def capture_chat(resp: dict) -> Capture:
     """Tokens and logprobs of a non-streamed chat completion (vLLM: top-level prompt ids, per-choice ids)."""
-    choice = resp["choices"][0]
+    choice = _first_choice(resp)
     prompt = resp.get("prompt_token_ids")
     comp = choice.get("token_ids")
     lp = choice.get("logprobs")
@@ -219,7 +282,7 @@ def capture_chat(resp: dict) -> Capture:
 
 def capture_completion(resp: dict) -> Capture:
     """Tokens and logprobs of a non-streamed text completion (vLLM: prompt ids per choice)."""
-    choice = resp["choices"][0]
+    choice = _first_choice(resp)
     prompt = choice.get("prompt_token_ids")
     comp = choice.get("token_ids")
     lp = choice.get("logprobs")

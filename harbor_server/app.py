@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from capture_proxy.app import agent_router
-from capture_proxy.models import TrainingTrace
+from capture_proxy.models import INT64_LIMIT, TrainingTrace
 from harbor_server.errors import HarborServerError
 from harbor_server.models import (
     ErrorBody,
@@ -117,7 +117,7 @@ def create_api_app(server: HarborServer) -> FastAPI:
         status: RolloutStatus | None = None,
         task_id: str | None = None,
         limit: int = Query(100, ge=1, le=MAX_PAGE),
-        offset: int = Query(0, ge=0),
+        offset: int = Query(0, ge=0, lt=INT64_LIMIT),  # the store's OFFSET is a 64-bit integer
     ) -> list[RolloutState]:
         """Rollouts in the store, newest first (also those of earlier server runs)."""
         return await server.manager.list(status=status, task_id=task_id, limit=limit, offset=offset)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capture_proxy.models import Purpose, SamplingParams, SessionStatus
+from capture_proxy.models import Purpose, SamplingParams, SessionStatus, require_int64
 
 RolloutStatus = SessionStatus
 """running, then one of completed | failed | timed_out | cancelled (terminal)."""
@@ -54,6 +54,7 @@ class RolloutRequest(BaseModel):
     def _one_task_selector(self) -> RolloutRequest:
         if (self.task_index is None) == (self.task_id is None):
             raise ValueError("give exactly one of task_index and task_id")
+        require_int64(self.model_dump(exclude={"task_index"}), "rollout")  # it all goes into the store
         return self
 
 

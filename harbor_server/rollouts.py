@@ -564,6 +564,8 @@ class RolloutManager:
         ending.verifier_output = _tail(result.stdout + result.stderr)
         if result.reward is None:
             ending.error = f"verifier gave no reward: {result.error}"
+        if not result.ran:  # the sandbox died under the rollout: a failure, not a finished attempt
+            ending.status = "failed"
         record = await asyncio.to_thread(self.store.get_session, live.rollout_id)
         if record.error is not None:
             # An engine call failed mid-rollout: what the verifier saw is not the policy's work.

@@ -413,6 +413,10 @@ class DockerBackend:
             self._forwarders[(gateway, port)] = server
 
 
+_CANNOT_ENTER = ("OCI runtime exec failed", "cannot exec in a stopped state")
+"""What runc answers (exit 126) to an exec into a container that is being removed."""
+
+
 class _NetworkGone(Exception):
     pass
 
@@ -484,10 +488,16 @@ class DockerSandbox:
             await asyncio.wait({reader}, timeout=3.0)
         info = await _blocking(self._api.exec_inspect, exec_id)
         exit_code = None if timed_out else info.get("ExitCode")
+        stdout, stderr = buffers.text(0), buffers.text(1)
+        if exit_code == 126 and any(m in stdout + stderr for m in _CANNOT_ENTER):
+            # The runtime could not even enter the container: it is dying or gone, not the command's fault.
+            raise SandboxError(f"sandbox {self.spec.name} is not running: {(stdout + stderr).strip()[:300]}")
+        if not timed_out and (exit_code is None or exit_code >= 126):
+            await self._raise_if_gone()  # killed by a signal, or not started: maybe with its container
         return ExecResult(
             exit_code=exit_code,
-            stdout=buffers.text(0),
-            stderr=buffers.text(1),
+            stdout=stdout,
+            stderr=stderr,
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
         )
@@ -660,6 +670,17 @@ class DockerSandbox:
     def _check_running(self) -> None:
         if self._stopped:
             raise SandboxError(f"sandbox {self.spec.name} is stopped")
+
+    async def _raise_if_gone(self) -> None:
+        """SandboxError when the container was removed or stopped from outside (not the command's doing)."""
+        try:
+            state = (await _blocking(self._api.inspect_container, self.container.id))["State"]
+        except Exception as exc:
+            if not _is_docker_error(exc):
+                raise
+            raise SandboxError(f"sandbox {self.spec.name} is not running: {exc}") from exc
+        if not state.get("Running") or state.get("Status") == "removing":
+            raise SandboxError(f"sandbox {self.spec.name} is not running: container {state.get('Status')}")
 
 
 class _Firewall:

@@ -52,6 +52,8 @@ class VerifierResult(BaseModel):
     duration_s: float = 0.0
     exit_code: int | None = None
     """`test.sh`'s exit status: informative only, never the reward."""
+    ran: bool = True
+    """False when the sandbox could not run the tests at all (e.g. its container is gone)."""
 
 
 class RewardFileError(ValueError):
@@ -176,7 +178,7 @@ async def verify(sandbox: Sandbox, task: Task, *, timeout_sec: float | None = No
         )
     except (SandboxError, OSError) as exc:
         return VerifierResult(
-            reward=None, error=f"verifier never ran: {exc}", duration_s=time.monotonic() - started
+            reward=None, error=f"verifier never ran: {exc}", duration_s=time.monotonic() - started, ran=False
         )
     result = await _score(sandbox, task, run, timeout)
     result.duration_s = time.monotonic() - started
@@ -194,7 +196,10 @@ async def _prepare(sandbox: Sandbox) -> None:
     )
     result = await sandbox.exec(["bash", "-c", script], user="root", timeout_s=_HOUSEKEEPING_TIMEOUT_S)
     if not result.ok:
-        raise SandboxError(f"could not reset {VERIFIER_DIR} and {TESTS_DIR}: {result.stderr.strip()}")
+        output = (result.stderr or result.stdout).strip()
+        raise SandboxError(
+            f"could not reset {VERIFIER_DIR} and {TESTS_DIR} (exit {result.exit_code}): {output}"
+        )
 
 
 async def _score(sandbox: Sandbox, task: Task, run: ExecResult, timeout: float) -> VerifierResult:

@@ -1,0 +1,39 @@
+"""Fixtures of the bad-input, load and isolation tests: a real capture proxy (uvicorn on 127.0.0.1)
+in front of `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM itself
+needs a GPU), with a real SQLite trace store. Test modules import the fixtures they use from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from capture_proxy.app import create_app
+from capture_proxy.config import ProxyConfig
+from capture_proxy.store import TraceStore
+from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from tests.proxy.conftest import ADMIN_KEY, MODEL, Imitation, Proxy
+
+__all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy", "store"]
+
+
+@pytest.fixture
+def imitation() -> Iterator[Imitation]:
+    with serve_in_thread(create_imitation_app(ImitationSettings(model=MODEL))) as url:
+        yield Imitation(url)
+
+
+@pytest.fixture
+def store(tmp_path) -> Iterator[TraceStore]:
+    s = TraceStore(f"sqlite:///{tmp_path}/traces.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def live_proxy(imitation, store) -> Iterator[Proxy]:
+    """The standalone proxy (agent + admin routes) in front of the imitation."""
+    app = create_app(ProxyConfig(upstream_url=imitation.url, admin_key=ADMIN_KEY), store)
+    with serve_in_thread(app) as url:
+        yield Proxy(url, app.state.service, store)
