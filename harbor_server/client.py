@@ -10,13 +10,20 @@
 The trainer gets `functools.partial(HarborSessionFactory, url, split=..., ...)` and calls it with its
 own sampling policy. Every method has an async twin (`AsyncHarborSessionFactory`, ...). Errors are
 the server's own classes (`harbor_server.errors`), rebuilt from its answer.
+
+Several servers (sharing one trace store) behind one trainer: give the factory all their URLs, as a
+list or one comma-separated string. Each new session goes to the server with the fewest of this
+factory's sessions still live (round-robin among ties); one that answers 429 or cannot be reached is
+skipped for the next, and the error names every server only when none takes the rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -49,6 +56,8 @@ _STATES = TypeAdapter(list[RolloutState])
 LONG_POLL_S = 30.0
 """Seconds one long-poll request waits on the server before it asks again."""
 PAGE_SIZE = 200
+UNREACHABLE_BACKOFF_S = 30.0
+"""A server that could not be reached is tried after the others for this long."""
 
 
 class VerifyResult(BaseModel):
@@ -199,6 +208,81 @@ class _FactoryConfig:
 # -- sync ------------------------------------------------------------------------------------------
 
 
+def server_urls(server_url: str | Sequence[str]) -> list[str]:
+    """One URL, a comma-separated string of them, or a sequence -> the URLs, in order."""
+    items = [server_url] if isinstance(server_url, str) else list(server_url)
+    urls = [url.strip().rstrip("/") for item in items for url in str(item).split(",") if url.strip()]
+    if not urls:
+        raise ValueError(f"no harbor server URL given (got {server_url!r})")
+    repeated = sorted({url for url in urls if urls.count(url) > 1})
+    if repeated:
+        raise ValueError(f"harbor server URL(s) given more than once: {', '.join(repeated)}")
+    return urls
+
+
+class _Spread:
+    """Which server the next session goes to: the fewest live sessions of this factory, round-robin
+    among ties, a server found unreachable lately after all others. Thread-safe (trainers create
+    sessions from a pool of threads); a server's count goes up when it is picked, so a burst of
+    concurrent creates spreads too."""
+
+    def __init__(self, n: int) -> None:
+        self._live = [0] * n
+        self._down_until = [0.0] * n
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, tried: set[int]) -> int | None:
+        """Pick a server not in `tried` and count a session on it; None when all were tried."""
+        with self._lock:
+            n, now = len(self._live), time.monotonic()
+            left = [i for i in range(n) if i not in tried]
+            if not left:
+                return None
+            i = min(left, key=lambda j: (self._down_until[j] > now, self._live[j], (j - self._next) % n))
+            self._live[i] += 1
+            self._next = (i + 1) % n
+            return i
+
+    def release(self, i: int) -> None:
+        with self._lock:
+            self._live[i] -= 1
+
+    def unreachable(self, i: int) -> None:
+        with self._lock:
+            self._down_until[i] = time.monotonic() + UNREACHABLE_BACKOFF_S
+
+    def snapshot(self) -> list[int]:
+        with self._lock:
+            return list(self._live)
+
+
+_NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Transport failures before the request left: another server may take it without risking a duplicate
+rollout (after a read timeout the first server may have started it)."""
+
+
+def _try_next(exc: BaseException, spread: _Spread, i: int) -> bool:
+    """Whether a refused start may go to the next server: at capacity, or never reached."""
+    if isinstance(exc, CapacityExceeded):
+        return True
+    if isinstance(exc, ServerUnreachable) and isinstance(exc.__cause__, _NEVER_SENT):
+        spread.unreachable(i)
+        return True
+    return False
+
+
+def _none_took(refusals: list[tuple[str, HarborServerError]]) -> HarborServerError:
+    """The error when no server took the rollout: a single server's own, else one naming each server.
+    CapacityExceeded if any server was only full (retrying may help), else ServerUnreachable."""
+    if len(refusals) == 1:
+        return refusals[0][1]
+    reasons = "; ".join(f"{url}: {exc.message}" for url, exc in refusals)
+    full = any(isinstance(exc, CapacityExceeded) for _, exc in refusals)
+    kind = CapacityExceeded if full else ServerUnreachable
+    return kind(f"none of the {len(refusals)} harbor servers took the rollout: {reasons}")
+
+
 class HarborClient:
     """Thin typed wrapper over the REST API (sync)."""
 
@@ -277,13 +361,40 @@ class HarborClient:
             self._http.close()
 
 
-class HarborSession:
+class _Counted:
+    """A session that tells its factory, once, when its rollout is over or it is closed: the factory
+    sends new sessions to the server with the fewest live ones."""
+
+    _on_done: Callable[[], None] | None
+    _result: RolloutResult | None
+    state: RolloutState
+
+    def _release(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def _note_if_done(self) -> None:
+        if self._result is not None or self.state.done:
+            self._release()
+
+
+class HarborSession(_Counted):
     """One rollout on the server."""
 
-    def __init__(self, client: HarborClient, state: RolloutState) -> None:
+    def __init__(
+        self, client: HarborClient, state: RolloutState, *, on_done: Callable[[], None] | None = None
+    ) -> None:
         self._client = client
         self.state = state
         self._result: RolloutResult | None = state.result
+        self._on_done = on_done
+        self._note_if_done()
+
+    @property
+    def server_url(self) -> str:
+        """The server running this rollout."""
+        return self._client.server_url
 
     @property
     def rollout_id(self) -> str:
@@ -298,6 +409,7 @@ class HarborSession:
                 raise TimeoutError(f"rollout {self.rollout_id} still {self.state.phase} after {timeout_s} s")
             self.state = self._client.wait(self.rollout_id, remaining)
             self._result = self.state.result
+        self._note_if_done()
         return self._result
 
     def verify(self) -> VerifyResult:
@@ -311,12 +423,16 @@ class HarborSession:
     def cancel(self) -> RolloutState:
         self.state = self._client.cancel(self.rollout_id)
         self._result = self.state.result
+        self._note_if_done()
         return self.state
 
     def close(self) -> None:
         """Cancel the rollout if it is still running (its sandbox is stopped); a done rollout stays as is."""
-        if self._result is None and not self.state.done:
-            self.cancel()
+        try:
+            if self._result is None and not self.state.done:
+                self.cancel()
+        finally:
+            self._release()  # closed: no longer the factory's to count
 
     def __enter__(self) -> HarborSession:
         return self
@@ -326,11 +442,15 @@ class HarborSession:
 
 
 class HarborSessionFactory:
-    """Starts rollouts with shared settings: `create(task, seed, episode_id)` -> HarborSession."""
+    """Starts rollouts with shared settings: `create(task, seed, episode_id)` -> HarborSession.
+
+    `server_url`: one server, or several sharing a trace store (a list, or one comma-separated
+    string); each session goes to the server with the fewest live sessions of this factory.
+    """
 
     def __init__(
         self,
-        server_url: str,
+        server_url: str | Sequence[str],
         *,
         split: str,
         harness: str,
@@ -358,8 +478,16 @@ class HarborSessionFactory:
             metadata=metadata,
         )
         self.capacity_wait_s = capacity_wait_s
-        """Seconds `create` keeps retrying while the server answers 429 (0: fail at once)."""
-        self.client = HarborClient(server_url, timeout_s=timeout_s)
+        """Seconds `create` keeps retrying while every server answers 429 (0: fail at once)."""
+        self.clients = [HarborClient(url, timeout_s=timeout_s) for url in server_urls(server_url)]
+        self.client = self.clients[0]
+        """The first server's client; it lists the tasks (every server is expected to serve the split)."""
+        self._spread = _Spread(len(self.clients))
+
+    @property
+    def live_sessions(self) -> dict[str, int]:
+        """Sessions of this factory not yet known to be over, per server URL."""
+        return dict(zip((c.server_url for c in self.clients), self._spread.snapshot(), strict=True))
 
     def create(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> HarborSession:
         request = self.config.request(task, seed, episode_id)
@@ -367,12 +495,29 @@ class HarborSessionFactory:
         delay = 0.2
         while True:
             try:
-                return HarborSession(self.client, self.client.start_rollout(request))
+                return self._start_somewhere(request)
             except CapacityExceeded:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _start_somewhere(self, request: RolloutRequest) -> HarborSession:
+        refusals: list[tuple[str, HarborServerError]] = []
+        tried: set[int] = set()
+        while (i := self._spread.take(tried)) is not None:
+            tried.add(i)
+            client = self.clients[i]
+            try:
+                state = client.start_rollout(request)
+            except BaseException as exc:
+                self._spread.release(i)
+                if not _try_next(exc, self._spread, i):
+                    raise
+                refusals.append((client.server_url, exc))
+                continue
+            return HarborSession(client, state, on_done=functools.partial(self._spread.release, i))
+        raise _none_took(refusals)
 
     def prompt_rows(self) -> Iterator[dict[str, Any]]:
         """One row per task of the split: `prompt` (chat messages), `task_id`, `task_index`, `split`, `name`."""
@@ -380,7 +525,8 @@ class HarborSessionFactory:
             yield prompt_row(task)
 
     def close(self) -> None:
-        self.client.close()
+        for client in self.clients:
+            client.close()
 
     def __enter__(self) -> HarborSessionFactory:
         return self
@@ -468,13 +614,21 @@ class AsyncHarborClient:
             await self._http.aclose()
 
 
-class AsyncHarborSession:
+class AsyncHarborSession(_Counted):
     """One rollout on the server (async)."""
 
-    def __init__(self, client: AsyncHarborClient, state: RolloutState) -> None:
+    def __init__(
+        self, client: AsyncHarborClient, state: RolloutState, *, on_done: Callable[[], None] | None = None
+    ) -> None:
         self._client = client
         self.state = state
         self._result: RolloutResult | None = state.result
+        self._on_done = on_done
+        self._note_if_done()
+
+    @property
+    def server_url(self) -> str:
+        return self._client.server_url
 
     @property
     def rollout_id(self) -> str:
@@ -489,6 +643,7 @@ class AsyncHarborSession:
                 raise TimeoutError(f"rollout {self.rollout_id} still {self.state.phase} after {timeout_s} s")
             self.state = await self._client.wait(self.rollout_id, remaining)
             self._result = self.state.result
+        self._note_if_done()
         return self._result
 
     async def verify(self) -> VerifyResult:
@@ -501,11 +656,15 @@ class AsyncHarborSession:
     async def cancel(self) -> RolloutState:
         self.state = await self._client.cancel(self.rollout_id)
         self._result = self.state.result
+        self._note_if_done()
         return self.state
 
     async def close(self) -> None:
-        if self._result is None and not self.state.done:
-            await self.cancel()
+        try:
+            if self._result is None and not self.state.done:
+                await self.cancel()
+        finally:
+            self._release()
 
     async def __aenter__(self) -> AsyncHarborSession:
         return self
@@ -519,7 +678,7 @@ class AsyncHarborSessionFactory:
 
     def __init__(
         self,
-        server_url: str,
+        server_url: str | Sequence[str],
         *,
         split: str,
         harness: str,
@@ -547,7 +706,13 @@ class AsyncHarborSessionFactory:
             metadata=metadata,
         )
         self.capacity_wait_s = capacity_wait_s
-        self.client = AsyncHarborClient(server_url, timeout_s=timeout_s)
+        self.clients = [AsyncHarborClient(url, timeout_s=timeout_s) for url in server_urls(server_url)]
+        self.client = self.clients[0]
+        self._spread = _Spread(len(self.clients))
+
+    @property
+    def live_sessions(self) -> dict[str, int]:
+        return dict(zip((c.server_url for c in self.clients), self._spread.snapshot(), strict=True))
 
     async def create(
         self, task: TaskRef, seed: int | None = None, episode_id: str | None = None
@@ -558,19 +723,37 @@ class AsyncHarborSessionFactory:
         delay = 0.2
         while True:
             try:
-                return AsyncHarborSession(self.client, await self.client.start_rollout(request))
+                return await self._start_somewhere(request)
             except CapacityExceeded:
                 if loop.time() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    async def _start_somewhere(self, request: RolloutRequest) -> AsyncHarborSession:
+        refusals: list[tuple[str, HarborServerError]] = []
+        tried: set[int] = set()
+        while (i := self._spread.take(tried)) is not None:
+            tried.add(i)
+            client = self.clients[i]
+            try:
+                state = await client.start_rollout(request)
+            except BaseException as exc:
+                self._spread.release(i)
+                if not _try_next(exc, self._spread, i):
+                    raise
+                refusals.append((client.server_url, exc))
+                continue
+            return AsyncHarborSession(client, state, on_done=functools.partial(self._spread.release, i))
+        raise _none_took(refusals)
+
     async def prompt_rows(self) -> AsyncIterator[dict[str, Any]]:
         async for task in self.client.iter_tasks(self.config.split):
             yield prompt_row(task)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        for client in self.clients:
+            await client.aclose()
 
     async def __aenter__(self) -> AsyncHarborSessionFactory:
         return self

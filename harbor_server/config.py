@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -62,6 +63,11 @@ class ServeConfig(BaseModel):
     """Base URL at which remote sandboxes reach the capture port (with `--expose direct`)."""
     store_url: str | None = None
     """SQLAlchemy URL of the trace store; None: sqlite:///<runs dir>/traces.db."""
+    server_id: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^\S+$")
+    """This server's name in the store: every rollout it runs records it as the session's owner, and at
+    start-up it fails only its own leftover rollouts, so several servers can share one store. Must be
+    unique among them and stable across restarts; None: `<hostname>:<port>`. Set it where the hostname
+    changes on restart (containers, HF Jobs)."""
     max_concurrent_envs: int = Field(default=DEFAULT_MAX_CONCURRENT_ENVS, ge=1)
     """Most rollouts alive at once; past it POST /rollouts answers 429."""
     admin_key: str = Field(default_factory=lambda: secrets.token_urlsafe(24), min_length=8)
@@ -99,6 +105,13 @@ class ServeConfig(BaseModel):
         if not v:
             raise ValueError("give at least one --dataset (e.g. builtin)")
         return v
+
+    @model_validator(mode="after")
+    def _default_server_id(self) -> ServeConfig:
+        # host:port names one server among those sharing a store, and the same one after a restart.
+        if self.server_id is None:
+            self.server_id = f"{socket.gethostname()}:{self.port}"
+        return self
 
     @model_validator(mode="after")
     def _expose_needs_url(self) -> ServeConfig:

@@ -181,6 +181,8 @@ class ServerInfo(BaseModel):
     engine: EngineStatus
     default_model: str | None = None
     capture_port: int
+    server_id: str | None = None
+    """The owner this server records on its rollouts in the store (`--server-id`)."""
 
 
 class Health(BaseModel):

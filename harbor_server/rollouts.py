@@ -230,12 +230,20 @@ class RolloutManager:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Mark rollouts a previous server left running as failed; returns how many there were."""
+        """Mark rollouts a previous run of this server (same server id) left running as failed; returns
+        how many there were."""
         self._home = asyncio.get_running_loop()
         self._worker.start()
-        orphans = await asyncio.to_thread(self.store.mark_running_failed, RESTART_REASON)
+        # Only this server's own leftovers: other servers sharing the store may be running theirs.
+        orphans = await asyncio.to_thread(
+            self.store.mark_running_failed, RESTART_REASON, owner=self.config.server_id
+        )
         if orphans:
-            log.warning("marked %d rollout(s) left running by a previous server as failed", orphans)
+            log.warning(
+                "marked %d rollout(s) left running by a previous run of server %r as failed",
+                orphans,
+                self.config.server_id,
+            )
         return orphans
 
     async def stop(self) -> None:
@@ -451,6 +459,7 @@ class RolloutManager:
                 task_id=task.id,
                 harness=request.harness,
                 sandbox=backend_name,
+                owner=self.config.server_id,
             )
         except ProxyRequestError as exc:
             raise BadRolloutRequest(exc.message, status=exc.status if exc.status < 500 else 400) from exc

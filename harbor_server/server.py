@@ -274,6 +274,7 @@ class HarborServer:
             engine=self.engine,
             default_model=self.config.model,
             capture_port=self.config.capture_port,
+            server_id=self.config.server_id,
         )
 
     @staticmethod

@@ -43,6 +43,9 @@ class SessionRecord(BaseModel):
     """Unix time the session left `running`; set by the store when a terminal status is recorded."""
     num_turns: int = Field(default=0, ge=0)
     """Turns stored for this session; maintained by the store as turns are added."""
+    owner: str | None = Field(default=None, max_length=255)
+    """Id of the server running the session (`harbor serve --server-id`): on a store several servers
+    share, a restarting server fails only its own leftover sessions. None: no owner recorded."""
 
     def trace(self, turns: list[TrainingTurn]) -> TrainingTrace:
         """The rollout as a TrainingTrace: these turns plus the session's facts (an error goes into

@@ -63,6 +63,9 @@ class SessionRow(Base):
     created_at: Mapped[float] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
     num_turns: Mapped[int] = mapped_column(Integer)
+    owner: Mapped[str | None] = mapped_column(String(255))
+    """The server that runs the session (its server id); None for sessions written before owners
+    were recorded (schema 0001) or by a writer that names none."""
 
     __table_args__ = (
         # Every listing is newest first, optionally filtered by one of these.

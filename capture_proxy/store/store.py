@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, exists, insert, select, update
+from sqlalchemy import Engine, bindparam, exists, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -26,8 +26,8 @@ from capture_proxy.store.schema import SessionRow, TurnRow
 # SessionRecord field -> SessionRow attribute, where they differ (`metadata` is reserved by SQLAlchemy).
 _ROW_ATTR = {"metadata": "meta"}
 _FIELDS = tuple(SessionRecord.model_fields)
-_UPDATABLE = frozenset(_FIELDS) - {"session_id", "num_turns"}
-"""num_turns is the store's to maintain; the id is the key."""
+_UPDATABLE = frozenset(_FIELDS) - {"session_id", "num_turns", "owner"}
+"""num_turns is the store's to maintain; the id is the key; the owner is set once, at creation."""
 
 _sessions = SessionRow.__table__
 _BUMP_NUM_TURNS = (
@@ -269,14 +269,21 @@ class TraceStore:
             self._bases.drop(session_id)  # no more turns expected
         return updated
 
-    def mark_running_failed(self, reason: str) -> int:
-        """After a crash or restart, no session is still running: mark those that say so failed."""
+    def mark_running_failed(self, reason: str, *, owner: str | None = None) -> int:
+        """After a crash or restart, mark the sessions a writer left `running` failed; returns how many.
+
+        `owner`: only that owner's sessions, and those with no owner recorded (written before owners
+        were, or by a writer that names none), so a server starting on a store other servers share
+        leaves their live sessions alone. None: every running session (a store with one writer).
+        """
+        query = update(SessionRow).where(SessionRow.status == "running")
+        if owner is not None:
+            query = query.where(or_(SessionRow.owner == owner, SessionRow.owner.is_(None)))
         with self._transaction(write=True) as s:
             result = s.execute(
-                update(SessionRow)
-                .where(SessionRow.status == "running")
-                .values(status="failed", error=reason, finished_at=time.time())
-                .execution_options(synchronize_session=False)
+                query.values(status="failed", error=reason, finished_at=time.time()).execution_options(
+                    synchronize_session=False
+                )
             )
             return result.rowcount
 

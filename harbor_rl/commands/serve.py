@@ -44,6 +44,13 @@ def serve(
     store: str | None = typer.Option(
         None, "--store", help="Trace store URL (default sqlite:///<runs dir>/traces.db)."
     ),
+    server_id: str | None = typer.Option(
+        None,
+        "--server-id",
+        envvar="HARBOR_SERVER_ID",
+        help="This server's owner name in the store, unique among servers sharing it and stable across "
+        "restarts (default <hostname>:<port>).",
+    ),
     max_concurrent_envs: int | None = typer.Option(
         None, "--max-concurrent-envs", envvar="MAX_CONCURRENT_ENVS", help="Most live rollouts; past it 429."
     ),
@@ -78,6 +85,7 @@ def serve(
         "expose": expose,
         "public_url": public_url,
         "store_url": store,
+        "server_id": server_id,
         "check_engine": not skip_engine_check,
         "require_engine": require_engine,
     }
@@ -155,7 +163,8 @@ def _print_summary(server, console) -> None:
         )
     )
     console.print(
-        f"[bold]store:[/] {redact(server.store_url)}   [bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
+        f"[bold]store:[/] {redact(server.store_url)} as {config.server_id}   "
+        f"[bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
     )
     for backend, count in server.swept.items():
         console.print(f"[yellow]removed {count} leftover {backend} sandbox(es) of a previous run[/]")

@@ -185,6 +185,30 @@ def test_start_up_marks_rollouts_left_running_as_failed(tmp_path, sandbox_root):
         assert state["result"]["env_reward"] is None
 
 
+def test_a_second_server_on_the_store_leaves_the_first_ones_live_rollout_alone(tmp_path, sleeper_server):
+    """Server B starts on A's store while A runs a rollout: B fails none of it; a restart of A (same
+    server id) would, since only A can know that rollout is gone."""
+    a_id = sleeper_server.server.config.server_id
+    with _sleeper_factory(sleeper_server.url) as factory:
+        session = factory.create(0, episode_id="a-live")
+        _wait_for(lambda: factory.client.rollout(session.rollout_id).phase == "agent", what="agent phase")
+        second = make_config(tmp_path)  # same store file, other ports: another server id
+        assert second.server_id != a_id
+        with running_server(second) as server_b:
+            assert server_b.server.orphans_marked == 0
+            client_b = HarborClient(server_b.url)
+            assert client_b.info().server_id == second.server_id
+            client_b.close()
+            seen_by_b = httpx.get(f"{server_b.url}/rollouts/{session.rollout_id}").json()
+            assert seen_by_b["status"] == "running"
+        store = TraceStore(second.store_url)
+        record = store.get_session(session.rollout_id)
+        store.close()
+        assert (record.status, record.owner) == ("running", a_id)
+        assert factory.client.rollout(session.rollout_id).phase == "agent"
+        assert session.cancel().status == "cancelled"
+
+
 def test_agent_timeout_is_reported_and_the_task_still_verified(sleeper_server):
     with _sleeper_factory(sleeper_server.url, agent_timeout_sec=1) as factory:
         result = factory.create(0, episode_id="slow").wait_for_completion(timeout_s=120)
