@@ -85,6 +85,13 @@ class AsyncGRPOConfig(BaseModel):
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
 
+    # -- several processes --------------------------------------------------------------------------
+    distributed_strategy: Literal["auto", "ddp", "fsdp2"] = "auto"
+    """How the trainer spreads over processes started by `accelerate launch` or torchrun (one process
+    ignores it): `ddp` keeps a whole model on every rank, `fsdp2` shards it; `auto` is FSDP2 on GPUs
+    (or whatever `accelerate launch --use_fsdp` asked for) and DDP on CPUs. The step's rollouts are
+    split across ranks: a step trains as many rollouts on any number of processes."""
+
     # -- loss ---------------------------------------------------------------------------------------
     epsilon: float = Field(default=0.2, gt=0, lt=1)
     """Lower clip of the policy ratio: r is clipped to [1 - epsilon, 1 + epsilon_high]."""

@@ -36,6 +36,10 @@ class PackingError(TrainerError):
     """Rows that cannot be batched (inconsistent lengths, a row longer than the token budget)."""
 
 
+class DistributedTrainingError(TrainerError):
+    """A rank of a multi-process run stopped because another one failed, or they disagree."""
+
+
 def _describe(finding: Any) -> str:
     if isinstance(finding, dict):
         return (

@@ -16,6 +16,11 @@ The proximal policy is the trainer's own logprob at the weights the batch starte
 update is made per batch, so those are the weights of the forward pass itself: logp_prox is the
 detached logp_theta (no second forward pass), r = 1 with the gradient of the policy-gradient term, and
 w = pi_prox / pi_behavior corrects for the engine's lag (staleness, numerics).
+
+Started as several processes (`accelerate launch`, torchrun) the same loop runs on every rank
+(trainer.distributed): rank 0 runs the rollout worker and hands each rank a share of the step's rows,
+every rank computes the loss of its share, DDP or FSDP2 averages the gradients, every rank steps; rank 0
+alone pushes weights, logs metrics and writes checkpoints. `train()` returns the metrics on rank 0 only.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ import torch
 from trainer.advantages import group_advantages
 from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
 from trainer.config import AsyncGRPOConfig
+from trainer.distributed import Processes, StepShard, idle_batch, processes_from_env, shard_by_tokens
 from trainer.errors import TrainerConfigError
 from trainer.logprobs import token_logprobs
 from trainer.loss import LossSettings, grpo_loss
 from trainer.metrics import MetricsLogger
 from trainer.outcome import HarnessRolloutOutcome
-from trainer.packing import TrainItem, pack, split_by_tokens
+from trainer.packing import Batch, TrainItem, pack, split_by_tokens
 from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
 
 log = logging.getLogger(__name__)
@@ -70,15 +76,21 @@ class HarnessAsyncGRPOTrainer:
         processing_class: Any = None,
         weight_sync: Any = None,
         step_callback: Callable[[int, dict[str, Any]], None] | None = None,
+        processes: Processes | None = None,
     ) -> None:
         """`harness_session_factory` is called once as `factory(sampling=...)` with the trainer's sampling
         policy and must return an object with `create(task, seed=, episode_id=)` (HarborSessionFactory,
         or its async twin). `weight_sync` overrides the WeightSyncClient built from
-        `args.vllm_server_base_url`. `step_callback(step, metrics)` runs after every step."""
+        `args.vllm_server_base_url`. `step_callback(step, metrics)` runs after every step (on rank 0).
+        `processes` overrides how the work is spread (default: from the environment, see
+        trainer.distributed)."""
         self.args = args or AsyncGRPOConfig()
         if not train_dataset:
             raise TrainerConfigError("train_dataset is empty: the trainer needs prompt rows to roll out")
         self.model, tokenizer = _load_model(model)
+        self.processes = processes or processes_from_env(self.args.distributed_strategy)
+        self.module: Any = self.model
+        """What forward passes run through: the model, or its DDP/FSDP2 wrapping once `train()` starts."""
         self.tokenizer = processing_class or tokenizer
         self.factory_builder = harness_session_factory
         self.train_dataset = train_dataset
@@ -95,13 +107,15 @@ class HarnessAsyncGRPOTrainer:
         self.step = 0
         self.policy_version = 0
         self.weight_sync = weight_sync
-        if self.weight_sync is None and self.args.vllm_server_base_url:
+        if self.weight_sync is None and self.args.vllm_server_base_url and self.processes.is_main:
             from trainer.weight_sync import WeightSyncClient
 
             self.weight_sync = WeightSyncClient(
                 self.args.vllm_server_base_url, backend=self.args.weight_sync_backend
             )
         self.worker: RolloutWorker | None = None
+        self.metrics_log: MetricsLogger | None = None
+        """Rank 0's (as the worker)."""
         self.history: list[dict[str, Any]] = []
         self.consumed_positions: list[int] = []
         """Prompt positions this trainer took off the queue, in order (trained or dropped as stale)."""
@@ -115,64 +129,90 @@ class HarnessAsyncGRPOTrainer:
         if args.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
             self.model.gradient_checkpointing_enable()
         if resume_from_checkpoint:
+            self.processes.check_resume()
             self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
-        if self.weight_sync is not None:
+        # After resuming: FSDP2 shards the loaded weights, and DDP starts every rank from rank 0's.
+        self.module, self.optimizer = self.processes.prepare(self.model, self.optimizer)
+        syncs = self.processes.on_main(lambda: self.weight_sync is not None)
+        if syncs:
             # The engine must serve exactly these weights before any sample is taken (a resumed run's
             # weights differ from the engine's), and tell us its version.
             self._sync_weights()
+        self.processes.on_main(self._start_rollouts)
+        self.module.train()
+        try:
+            while self.step < args.max_steps:
+                metrics = self._train_step()
+                self.step += 1
+                if syncs and self.step % args.weight_sync_steps == 0:
+                    metrics["weight_sync_time_s"] = self._sync_weights()
+                metrics["policy_version"] = self.policy_version
+                self.processes.on_main(lambda m=metrics: self._log(m))
+                if args.save_steps and self.step % args.save_steps == 0 and self.step < args.max_steps:
+                    self.save()
+                if self.step_callback is not None:
+                    self.processes.on_main(lambda m=metrics: self._callback(m))
+            if syncs and self.step % args.weight_sync_steps:
+                self._sync_weights()  # the engine ends on the final weights
+            self.save()
+        finally:
+            if self.worker is not None:
+                self.worker.stop()
+            if self.metrics_log is not None:
+                self.metrics_log.close()
+        return self.history
+
+    def _start_rollouts(self) -> None:
+        """Rank 0's share of starting: the metrics log and the rollout worker."""
+        args = self.args
         run_name = args.run_name or Path(args.output_dir).resolve().name
-        metrics_log = MetricsLogger(args.output_dir, args.report_to, run_name, args.model_dump())
+        self.metrics_log = MetricsLogger(args.output_dir, args.report_to, run_name, args.model_dump())
         factory = self.factory_builder(sampling=sampling_policy(args))
         self.worker = RolloutWorker(
             factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn
         )
         self.worker.start()
-        self.model.train()
-        try:
-            while self.step < args.max_steps:
-                metrics = self._train_step()
-                self.step += 1
-                if self.weight_sync is not None and self.step % args.weight_sync_steps == 0:
-                    metrics["weight_sync_time_s"] = self._sync_weights()
-                metrics["policy_version"] = self.policy_version
-                if self.step % args.logging_steps == 0 or self.step == args.max_steps:
-                    metrics_log.log(metrics, self.step)
-                    self.history.append({"step": self.step, **metrics})
-                if args.save_steps and self.step % args.save_steps == 0 and self.step < args.max_steps:
-                    self.save()
-                if self.step_callback is not None:
-                    self.step_callback(self.step, metrics)
-            if self.weight_sync is not None and self.step % args.weight_sync_steps:
-                self._sync_weights()  # the engine ends on the final weights
-            self.save()
-        finally:
-            self.worker.stop()
-            metrics_log.close()
-        return self.history
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        if self.step % self.args.logging_steps == 0 or self.step == self.args.max_steps:
+            self.metrics_log.log(metrics, self.step)
+            self.history.append({"step": self.step, **metrics})
+
+    def _callback(self, metrics: dict[str, Any]) -> None:
+        self.step_callback(self.step, metrics)
 
     def _train_step(self) -> dict[str, Any]:
-        args = self.args
-        t_wait = time.monotonic()
-        groups, dropped = self._take_groups()
-        wait_s = time.monotonic() - t_wait
-        items, stats = self._items(groups)
+        shard = self.processes.scatter_from_main(self._plan_step)
         t0 = time.monotonic()
-        sums, num_tokens, trained = self._optimize(items)
+        sums, num_tokens, trained = self._optimize(shard.items, shard.trained)
         train_s = time.monotonic() - t0
-        metrics = dict(stats)
+        metrics = dict(shard.stats)  # rollout metrics: rank 0's share only
         for key, value in sums.items():
             metrics[key] = value / trained if trained else 0.0
         metrics.update({
             "num_tokens": num_tokens,
             "num_trained_tokens": trained,
             "training_tok/s": num_tokens / train_s if train_s > 0 else 0.0,
+            "train_time_s": train_s,  # forward/backward + optimizer step: part of the step-time split
+            "learning_rate": self.args.learning_rate,
+        })  # fmt: skip
+        return metrics
+
+    def _plan_step(self) -> list[StepShard]:
+        """Rank 0: take the step's groups, turn them into rows, and share the rows out over the ranks."""
+        t_wait = time.monotonic()
+        groups, dropped = self._take_groups()
+        wait_s = time.monotonic() - t_wait
+        items, stats = self._items(groups)
+        stats.update({
             "rollout_wait_s": wait_s,
             "buffer_qsize": self.worker.qsize,
             "staleness/dropped_groups": dropped,
             "rollout/failed_total": self.worker.failed_rollouts,
-            "learning_rate": args.learning_rate,
         })  # fmt: skip
-        return metrics
+        trained = sum(item.row.num_trained_tokens for item in items)
+        shards = shard_by_tokens(items, self.processes.world_size)
+        return [StepShard(share, trained, stats if rank == 0 else {}) for rank, share in enumerate(shards)]
 
     def _take_groups(self) -> tuple[list[RolloutGroup], int]:
         groups: list[RolloutGroup] = []
@@ -239,47 +279,66 @@ class HarnessAsyncGRPOTrainer:
             stats["rollout/correctness_mean"] = _mean(env_rewards)
         return items, {k: v for k, v in stats.items() if v is not None}
 
-    def _optimize(self, items: list[TrainItem]) -> tuple[dict[str, float], int, int]:
-        """One optimizer update over `items`; returns metric sums over trained tokens, tokens seen, trained."""
+    def _micro_batches(self, items: list[TrainItem]) -> list[Batch]:
+        """Micro-batches of per_device_train_batch_size rows, each cut further by the token budget."""
         args = self.args
-        trained = sum(item.row.num_trained_tokens for item in items)
-        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
-        num_tokens = 0
-        if trained == 0:
-            return {}, 0, 0
-        # Micro-batches of per_device_train_batch_size rows, each cut further by the token budget.
         size = args.per_device_train_batch_size
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        batches = [b for chunk in chunks for b in split_by_tokens(chunk, args.max_tokens_per_batch)]
+        packed = (
+            pack(b, padding_free=args.padding_free, pad_token_id=self._pad_id())
+            for chunk in chunks
+            for b in split_by_tokens(chunk, args.max_tokens_per_batch)
+        )
+        return [batch for batch in packed if batch.num_trained_tokens]
+
+    def _optimize(
+        self, items: list[TrainItem], trained: int | None = None
+    ) -> tuple[dict[str, float], int, int]:
+        """One optimizer update on this rank's rows `items`; `trained` is the trained-token count of the
+        whole step (all ranks; default: that of `items`, as in one process). Returns metric sums over the
+        step's trained tokens, the tokens seen (all ranks), and `trained`."""
+        args = self.args
+        if trained is None:
+            trained = sum(item.row.num_trained_tokens for item in items)
+        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        if trained == 0:  # every rank knows: `trained` counts the whole step
+            return {}, 0, 0
+        batches = self._micro_batches(items)
+        num_tokens = sum(batch.num_tokens for batch in batches)
+        # Every rank makes as many passes as the busiest one (DDP and FSDP2 pair them up across ranks).
+        passes = self.processes.max_int(len(batches))
+        batches += [idle_batch(self._pad_id()) for _ in range(passes - len(batches))]
         autocast = torch.autocast(
             "cuda" if next(self.model.parameters()).is_cuda else "cpu", dtype=torch.bfloat16
         )
         device = next(self.model.parameters()).device
-        for chunk in batches:
-            batch = pack(chunk, padding_free=args.padding_free, pad_token_id=self._pad_id())
-            if batch.num_trained_tokens == 0:
-                continue
+        # DDP and FSDP2 average gradients over the ranks; the loss is a sum over all of them.
+        scale = self.processes.world_size
+        for index, batch in enumerate(batches):
             batch = _to(batch, device)
-            with autocast if args.bf16 else contextlib.nullcontext():
-                lp = token_logprobs(self.model, batch, args.temperature, with_entropy=True)
-            out = grpo_loss(
-                lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
-                batch.sequence_ids, batch.num_sequences, trained, self.loss_settings,
-            )  # fmt: skip
-            out.loss.backward()
-            num_tokens += batch.num_tokens
+            last = index == len(batches) - 1  # gradients cross ranks once, in the last backward
+            with contextlib.nullcontext() if last else self.processes.no_sync(self.module):
+                with autocast if args.bf16 else contextlib.nullcontext():
+                    lp = token_logprobs(self.module, batch, args.temperature, with_entropy=True)
+                out = grpo_loss(
+                    lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
+                    batch.sequence_ids, batch.num_sequences, trained, self.loss_settings,
+                )  # fmt: skip
+                self.processes.backward(out.loss * scale if scale > 1 else out.loss)
             sums["loss"] += float(out.loss.detach()) * trained
             sums["entropy"] += float((lp.entropy * batch.loss_mask).sum())
             for key, value in out.sums.items():
                 sums[key] = sums.get(key, 0.0) + value
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
-        if math.isfinite(float(grad_norm)):
+        totals = self.processes.sum_metrics({**sums, "num_tokens": float(num_tokens)})
+        num_tokens = int(totals.pop("num_tokens"))
+        grad_norm = self.processes.clip_grad_norm(self.module, args.max_grad_norm)
+        if math.isfinite(grad_norm):  # the same norm on every rank: all step, or none
             self.optimizer.step()
         else:
-            log.warning("step %d: gradient norm is %s; update skipped", self.step + 1, float(grad_norm))
+            log.warning("step %d: gradient norm is %s; update skipped", self.step + 1, grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
-        sums["grad_norm"] = float(grad_norm) * trained
-        return sums, num_tokens, trained
+        totals["grad_norm"] = grad_norm * trained
+        return totals, num_tokens, trained
 
     def _pad_id(self) -> int:
         pad = getattr(getattr(self.model, "config", None), "pad_token_id", None)
@@ -287,22 +346,25 @@ class HarnessAsyncGRPOTrainer:
 
     def _sync_weights(self) -> float:
         t0 = time.monotonic()
-        self.policy_version = self.weight_sync.push(self.model.named_parameters())
+        named = self.processes.full_parameters(self.model, self.module)  # FSDP2: every rank gathers
+        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named))
         return time.monotonic() - t0
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
     def save(self) -> Path:
+        """Write a checkpoint (rank 0 writes; under FSDP2 every rank must call this, to gather)."""
+        model, optimizer = self.processes.checkpoint_parts(self.model, self.module, self.optimizer)
         state = {
             "global_step": self.step,
             "policy_version": self.policy_version,
             "schedule": self.schedule.state_dict(),
             "config": self.args.model_dump(),
         }
-        return save_checkpoint(
-            self.args.output_dir, self.step, self.model, self.optimizer, state, self.tokenizer,
+        return self.processes.on_main(lambda: save_checkpoint(
+            self.args.output_dir, self.step, model, optimizer, state, self.tokenizer,
             self.args.save_total_limit,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer)

@@ -1,0 +1,336 @@
+"""The trainer on several processes (DESIGN.md 5): rank 0 rolls out and decides, every rank trains a share.
+
+    accelerate launch --num_processes 2 -m harbor_rl train ...                 # GPUs: FSDP2 by default
+    accelerate launch --multi_gpu --num_processes 2 my_train.py               # CPUs: DDP over gloo
+
+In one process (WORLD_SIZE unset or 1) the trainer gets `SingleProcess`, which changes nothing. Started
+by `accelerate launch` or torchrun it gets `AcceleratedProcesses`: `accelerate` joins the process group
+and wraps the model (DDP, or FSDP2 sharding). Rank 0 alone runs the rollout worker (sessions, staleness,
+groups), takes each step's groups and hands every rank its share of the rows (`shard_by_tokens`). Each
+rank computes the loss of its rows over the step's trained-token count times the world size, so the
+gradients DDP/FSDP average across ranks are the same per-token mean one process would compute; every
+rank steps its own optimizer. Rank 0 alone pushes weights to the engine and writes checkpoints and
+metrics; under FSDP2 the full weights are gathered first, a collective every rank joins.
+
+Work only rank 0 does goes through `on_main`/`scatter_from_main`, which hand its result, or its error,
+to every rank, so no rank waits forever on one that failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from trainer.errors import DistributedTrainingError, TrainerConfigError
+from trainer.packing import Batch, TrainItem
+
+T = TypeVar("T")
+
+_WORLD_SIZE_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+@dataclass
+class StepShard:
+    """What rank r trains in one step: its rows, and the step-wide numbers every rank needs."""
+
+    items: list[TrainItem]
+    trained: int
+    """Trained tokens of the whole step (all ranks): the loss's normaliser."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Rollout metrics of the step (rank 0's shard only)."""
+
+
+def shard_by_tokens(items: Sequence[TrainItem], world_size: int) -> list[list[TrainItem]]:
+    """Split rows over `world_size` ranks so each gets about as many tokens (the cost of a forward pass):
+    longest first to the rank with the fewest tokens so far. Each shard keeps the rows' original order,
+    and one rank gets `items` unchanged."""
+    if world_size == 1:
+        return [list(items)]
+    load = [0] * world_size
+    owner: dict[int, int] = {}
+    for index in sorted(range(len(items)), key=lambda i: -items[i].num_tokens):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += items[index].num_tokens
+    return [[items[i] for i in range(len(items)) if owner[i] == r] for r in range(world_size)]
+
+
+def idle_batch(pad_token_id: int) -> Batch:
+    """Two padding tokens that train nothing: a rank with fewer micro-batches than the others runs these,
+    because under DDP/FSDP every rank must make the same number of forward and backward passes."""
+    zeros = torch.zeros((1, 2), dtype=torch.float32)
+    return Batch(
+        input_ids=torch.full((1, 2), pad_token_id, dtype=torch.long),
+        position_ids=torch.tensor([[0, 1]]),
+        attention_mask=None,
+        loss_mask=zeros,
+        behavior_logps=zeros.clone(),
+        advantages=zeros.clone(),
+        sequence_ids=torch.zeros((1, 2), dtype=torch.long),
+        num_sequences=1,
+    )
+
+
+class Processes(Protocol):
+    """How the trainer's work is spread over processes (one implementation per setting)."""
+
+    rank: int
+    world_size: int
+    is_main: bool
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]: ...
+    def on_main(self, work: Callable[[], T]) -> T: ...
+    def scatter_from_main(self, work: Callable[[], list[T]]) -> T: ...
+    def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]: ...
+    def max_int(self, value: int) -> int: ...
+    def no_sync(self, module: Any) -> contextlib.AbstractContextManager: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def clip_grad_norm(self, module: Any, max_norm: float) -> float: ...
+    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]: ...
+    def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]: ...
+    def check_resume(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class SingleProcess:
+    """One process: the trainer as it always ran."""
+
+    rank = 0
+    world_size = 1
+    is_main = True
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        return model, optimizer
+
+    def on_main(self, work: Callable[[], T]) -> T:
+        return work()
+
+    def scatter_from_main(self, work: Callable[[], list[T]]) -> T:
+        return work()[0]
+
+    def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def max_int(self, value: int) -> int:
+        return value
+
+    def no_sync(self, module: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self, module: Any, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
+
+    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]:
+        return model.named_parameters()
+
+    def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]:
+        return model, optimizer
+
+    def check_resume(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """Sent in place of rank 0's result when its work raised."""
+
+    message: str
+
+
+class _GatheredModel:
+    """A sharded model's full weights, saved like the model itself (`save_pretrained`)."""
+
+    def __init__(self, model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model, self.state = model, state_dict
+
+    def save_pretrained(self, path: Any) -> None:
+        self.model.save_pretrained(path, state_dict=self.state)
+
+
+class _GatheredOptimizer:
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+
+def _launched_with_fsdp() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def _accelerator(strategy: str):
+    try:
+        from accelerate import Accelerator, FullyShardedDataParallelPlugin
+    except ImportError as exc:  # pragma: no cover - accelerate is a dependency
+        raise TrainerConfigError(
+            "training on several processes needs accelerate: pip install accelerate"
+        ) from exc
+    cpu = not torch.cuda.is_available()
+    if strategy == "ddp" and _launched_with_fsdp():
+        raise TrainerConfigError(
+            "distributed_strategy is 'ddp' but accelerate was launched with FSDP (--use_fsdp); "
+            "drop one of the two"
+        )
+    fsdp = strategy == "fsdp2" or (strategy == "auto" and (_launched_with_fsdp() or not cpu))
+    if fsdp and cpu:  # accelerate shards only on accelerators; on CPUs it would quietly replicate
+        raise TrainerConfigError(
+            "distributed_strategy 'fsdp2' needs GPUs (accelerate shards models only there); "
+            "use 'ddp' (or 'auto') to train on several CPU processes"
+        )
+    plugin = None
+    if fsdp:
+        # One shard unit per decoder layer (the model's _no_split_modules), resharded after forward.
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
+        )
+    # Without a GPU accelerate only forms a (gloo) group when told it runs on CPUs.
+    return Accelerator(cpu=cpu, fsdp_plugin=plugin)
+
+
+class AcceleratedProcesses:
+    """Several processes started by `accelerate launch` or torchrun, joined through `accelerate`."""
+
+    def __init__(self, strategy: str = "auto") -> None:
+        import torch.distributed as dist
+
+        self.accelerator = _accelerator(strategy)
+        self.rank = self.accelerator.process_index
+        self.world_size = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        # Rows, metrics and errors are pickled CPU objects: they travel over gloo even when the
+        # gradients use NCCL, so no object is copied through GPU memory.
+        self.objects = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return bool(self.accelerator.is_fsdp2)
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+        # Model and optimizer in one call: FSDP2 swaps the optimizer's parameters for the sharded ones.
+        return self.accelerator.prepare(model, optimizer)
+
+    # -- rank 0's work, handed to every rank --------------------------------------------------------
+
+    def on_main(self, work: Callable[[], T]) -> T:
+        """Run `work` on rank 0 only; every rank gets its result (or raises if it failed)."""
+        return self._hand_out(lambda: [work()] * self.world_size)
+
+    def scatter_from_main(self, work: Callable[[], list[T]]) -> T:
+        """Run `work` on rank 0 only; it returns one item per rank, and rank r gets item r."""
+        return self._hand_out(work)
+
+    def _hand_out(self, work: Callable[[], list[T]]) -> T:
+        if not self.is_main:
+            mine = self._scatter(None)
+            if isinstance(mine, _Failure):
+                raise DistributedTrainingError(f"rank 0 failed, so rank {self.rank} stops: {mine.message}")
+            return mine
+        try:
+            items = work()
+            if len(items) != self.world_size:
+                raise DistributedTrainingError(f"rank 0 made {len(items)} shares for {self.world_size} ranks")
+        except BaseException as exc:  # the other ranks are waiting for this: tell them, then raise here
+            self._scatter([_Failure(f"{type(exc).__name__}: {exc}")] * self.world_size)
+            raise
+        self._scatter(items)
+        return items[0]  # rank 0 keeps its own share as is, no pickle round trip
+
+    def _scatter(self, items: list[Any] | None) -> Any:
+        import torch.distributed as dist
+
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, items, src=0, group=self.objects)
+        return out[0]
+
+    # -- collectives of the update ------------------------------------------------------------------
+
+    def sum_metrics(self, sums: dict[str, float]) -> dict[str, float]:
+        import torch.distributed as dist
+
+        gathered: list[dict[str, float] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, sums, group=self.objects)
+        total: dict[str, float] = {}
+        for part in gathered:
+            for key, value in (part or {}).items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def max_int(self, value: int) -> int:
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.long)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.objects)
+        return int(tensor.item())
+
+    def no_sync(self, module: Any) -> contextlib.AbstractContextManager:
+        return self.accelerator.no_sync(module)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.accelerator.backward(loss)
+
+    def clip_grad_norm(self, module: Any, max_norm: float) -> float:
+        norm = self.accelerator.clip_grad_norm_(module.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # -- weights leaving the ranks ------------------------------------------------------------------
+
+    def _full_state(self, module: Any) -> dict[str, torch.Tensor]:
+        """Under FSDP2 every rank must call this (it all-gathers); rank 0 gets the full CPU tensors."""
+        return self.accelerator.get_state_dict(module)
+
+    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]:
+        """The full (name, tensor) of every parameter on rank 0, nothing elsewhere; names as
+        `model.named_parameters()` gives them (tied weights once)."""
+        if not self.is_fsdp2:
+            return model.named_parameters() if self.is_main else []  # DDP: every rank holds them all
+        state = self._full_state(module)
+        if not self.is_main:
+            return []
+        device = self.accelerator.device
+        # NCCL weight transfer broadcasts from the GPU; the gather left them on the CPU.
+        return ((name, state[name].to(device)) for name, _ in model.named_parameters())
+
+    def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]:
+        """What rank 0 saves: the plain model and optimizer (DDP), or their gathered full states (FSDP2)."""
+        if not self.is_fsdp2:
+            return model, optimizer
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        weights = self._full_state(module)
+        inner = getattr(optimizer, "optimizer", optimizer)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim_state = get_optimizer_state_dict(module, inner, options=options)
+        return _GatheredModel(model, weights), _GatheredOptimizer(optim_state)
+
+    def check_resume(self) -> None:
+        if self.is_fsdp2:
+            raise TrainerConfigError(
+                "resuming an FSDP2 run is not implemented yet; start a new run from a checkpoint's "
+                "weights instead (each checkpoint-<step> folder is a servable model folder)"
+            )
+
+    def close(self) -> None:
+        """Leave the process group once every rank is done (a process that exits while still in it can
+        abort on its way out). Call it at the end of the program, not between runs."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
+
+def processes_from_env(strategy: str = "auto") -> Processes:
+    """`AcceleratedProcesses` when this process was started as one of several, else `SingleProcess`."""
+    world_size = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARS)
+    return AcceleratedProcesses(strategy) if world_size > 1 else SingleProcess()
