@@ -94,6 +94,9 @@ class Episode(BaseModel):
     artifacts: dict[str, Any]
     task: dict[str, Any]
     extra: dict[str, Any]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    """The tool schemas offered on the model's last call (TRL's `tools` column), so SFT renders the
+    prompt the policy will see; [] when none were offered."""
 
 
 def episode_id(prefix: str, index: int) -> str:
@@ -129,6 +132,12 @@ def transcript(outcome: RolloutOutcome, instruction: str) -> list[dict[str, Any]
     if choices and choices[0].get("message"):
         messages.append(_clean_message(choices[0]["message"]))
     return messages
+
+
+def offered_tools(outcome: RolloutOutcome) -> list[dict[str, Any]]:
+    """The `tools` of the last model call, as the harness sent them."""
+    agent_turns = [t for t in outcome.turns if t.metadata.role == "agent"] or outcome.turns
+    return list(agent_turns[-1].request.get("tools") or []) if agent_turns else []
 
 
 def tool_trace(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -187,6 +196,7 @@ def build_episode(
             "error": result.error or "",
             "seed": result.seed if result.seed is not None else -1,
         },
+        tools=offered_tools(outcome),
     )
 
 

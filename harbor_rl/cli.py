@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from harbor_rl.commands import bench, collect, engine, inspect, jobs, proxy, serve, tasks
+from harbor_rl.commands import bench, collect, engine, inspect, jobs, proxy, serve, sft, tasks
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
 
@@ -23,6 +23,7 @@ serve.register(app)
 inspect.register(app)
 eval_cmd.register(app)
 collect.register(app)
+sft.register(app)
 train_cmd.register(app)
 bench.register(app)
 jobs.register(app)

@@ -50,3 +50,7 @@ def _describe(finding: Any) -> str:
     if code is not None:
         return f"{finding.severity} {code} at {getattr(finding, 'location', '?')}: {finding.message}"
     return str(finding)
+
+
+class SFTDataError(TrainerError):
+    """Episodes that cannot be trained on (no file, nothing kept, a conversation the template cannot mark)."""

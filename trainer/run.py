@@ -4,9 +4,16 @@
                  --sandbox docker --llm-url http://localhost:8000/v1 --model /models/qwen
     harbor train                         # embedded: engine + server in-process, built-in white-box tasks
 
-With no `server_url`, the embedded default starts the embedded engine (serving `model`, `tiny` by
-default) and a Harbor server in this process (local sandbox, SQLite store in the output folder, the
-built-in white-box environments), pushes weights over gloo, and evaluates before and after training.
+With no `server_url`, the embedded engine (serving `model`, `tiny` by default) and a Harbor server start
+in this process (local sandbox, SQLite store in the output folder, the built-in white-box environments),
+weights are pushed over gloo, and the policy is evaluated before and after training.
+
+With `sft_steps > 0` (the embedded default of `harbor train`, EMBEDDED_DEFAULTS) a supervised warm-up
+comes first, because GRPO learns nothing from a policy that never succeeds: scripted demonstrations
+are collected on the white-box tasks (`harbor collect --provider scripted`), the model is fine-tuned on
+them for a few steps (`harbor sft`), and the engine then serves the fine-tuned folder, which GRPO
+starts from. The warm-up is deliberately short: a policy that succeeds sometimes, so GRPO has groups
+with spread to learn from.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import statistics
 import threading
 import time
@@ -51,6 +59,40 @@ class TrainRun(BaseModel):
     agent_timeout_sec: float = Field(default=120.0, gt=0)
     eval_episodes: int = Field(default=16, ge=0)
     """Episodes evaluated before and after training (0: no evaluation)."""
+    sft_steps: int = Field(default=0, ge=0)
+    """Supervised warm-up steps on scripted demonstrations before GRPO (0: none). Embedded server and
+    the env-factory harness only: the scripted teacher plays the built-in white-box environments."""
+    sft_learning_rate: float = Field(default=1e-3, gt=0)
+    sft_batch_size: int = Field(default=4, ge=1)
+    """Demonstrations per SFT step."""
+    demo_episodes: int = Field(default=8, ge=1)
+    """Scripted demonstrations collected for the warm-up (cycling over the training tasks)."""
+    base_eval_episodes: int = Field(default=0, ge=0)
+    """Episodes evaluated with the starting model before the warm-up (0: none; only with sft_steps > 0).
+    Fewer than `eval_episodes` serve: a model without the warm-up scores about 0, and it writes long."""
+
+
+EMBEDDED_DEFAULTS: dict[str, Any] = {
+    # GRPO: groups of 8, two groups a step, a learning rate for a few-million-parameter model (3e-4
+    # oscillated: one run of four ended below its start; 1e-4 and 2e-4 both gained). Padded batches,
+    # not packs: with sdpa a pack of 16 rollouts pays attention over its whole length squared.
+    "num_generations": 8, "per_device_train_batch_size": 16, "max_concurrent_rollouts": 16,
+    "max_steps": 40, "learning_rate": 2e-4, "max_completion_length": 64, "max_staleness": 1,
+    "padding_free": False, "output_dir": "runs/train-embedded",
+    # The warm-up and the evaluation: echo tasks, where a partly trained policy earns partial credit.
+    "tasks": ["echo-hello-world", "echo-hi"], "sft_steps": 36, "demo_episodes": 8, "eval_episodes": 128,
+    "base_eval_episodes": 32,
+}  # fmt: skip
+"""What `harbor train` with no server URL runs; any flag or `--set` overrides a key."""
+
+CODING_DEFAULTS: dict[str, Any] = {
+    # `--harness mini-swe-agent` (or another coding harness) on the embedded server: the built-in coding
+    # tasks, no scripted warm-up (the scripted teacher only plays the white-box environments), small
+    # groups, since every rollout is an agent in a sandbox.
+    "tasks": None, "sft_steps": 0, "base_eval_episodes": 0, "eval_episodes": 2, "num_generations": 2,
+    "per_device_train_batch_size": 2, "max_concurrent_rollouts": 2, "max_steps": 2,
+}  # fmt: skip
+"""Overrides of EMBEDDED_DEFAULTS when the harness is not `env-factory`."""
 
 
 @dataclass
@@ -66,6 +108,23 @@ class EvalResult:
     def stderr(self) -> float:
         n = len(self.rewards)
         return statistics.stdev(self.rewards) / math.sqrt(n) if n > 1 else math.nan
+
+
+@dataclass
+class Gain:
+    """After minus before, with the standard error of the difference (independent samples)."""
+
+    delta: float
+    stderr: float
+
+    @property
+    def significant(self) -> bool:
+        """The gain exceeds two standard errors (NaN, as with one episode, is never significant)."""
+        return self.delta > 2 * self.stderr
+
+
+def grpo_gain(before: EvalResult, after: EvalResult) -> Gain:
+    return Gain(after.mean - before.mean, math.hypot(before.stderr, after.stderr))
 
 
 def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
@@ -117,15 +176,21 @@ def embedded_server(output_dir: Path, llm_url: str, model: str, capacity: int, s
         datasets=[str(ENV_TASKS_DIR), "builtin"], llm_url=llm_url, model=model, port=free_port(),
         capture_port=free_port(), capture_host="127.0.0.1" if sandbox == "local" else "0.0.0.0", sandbox=sandbox, store_url=f"sqlite:///{output_dir.resolve()}/traces.db",
         check_engine=False, max_concurrent_envs=capacity,
+        server_id="embedded",  # its port changes each run; the id must not, so a crashed run's leftovers are failed
     )  # fmt: skip
     with running_server(config) as thread:
         yield thread.url
 
 
 def evaluate(
-    factory_builder: Callable[..., Any], rows: list[dict[str, Any]], episodes: int, config
+    factory_builder: Callable[..., Any],
+    rows: list[dict[str, Any]],
+    episodes: int,
+    config,
+    on_episode: Callable[[], None] = lambda: None,
 ) -> EvalResult:
-    """`episodes` fresh rollouts (cycling over `rows`) at the training temperature; env rewards only."""
+    """`episodes` fresh rollouts (cycling over `rows`) at the training temperature; env rewards only.
+    The seeds are the same in every evaluation, so before and after differ only in the policy."""
     from trainer.rollout_worker import sampling_policy
 
     factory = factory_builder(sampling=sampling_policy(config), purpose="eval")
@@ -138,6 +203,7 @@ def evaluate(
             return None
         finally:
             session.close()
+            on_episode()
 
     with ThreadPoolExecutor(max_workers=config.max_concurrent_rollouts) as pool:
         rewards = list(pool.map(one, range(episodes)))
@@ -146,27 +212,27 @@ def evaluate(
     return EvalResult(scored, len(rewards) - len(scored))
 
 
-def run_training(
-    run: TrainRun,
-    config: AsyncGRPOConfig,
-    *,
-    resume: bool = False,
-    on_phase: Callable[[str], None] = lambda _: None,
-    on_step: Callable[[int, dict[str, Any]], None] | None = None,
-) -> tuple[EvalResult | None, EvalResult | None, list[dict[str, Any]]]:
-    """Evaluate, train, evaluate. Returns (before, after, logged metrics)."""
-    from harbor_server.client import HarborSessionFactory
-    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
-    from trainer.grpo import HarnessAsyncGRPOTrainer
+def launched_ranks() -> int:
+    """How many processes `accelerate launch` or torchrun started for this run (1 when neither did)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    model_path = resolve_model_path(run.model, seed=config.seed)
-    served = run.served_model_name or ("tiny" if run.model == "tiny" else run.model)
+
+ProgressFn = Callable[[str, int, int], None]
+"""`(phase, completed, total)`: how far a phase (`demos`, `sft`, `eval <name>`) has got."""
+
+
+@contextlib.contextmanager
+def rollout_source(
+    run: TrainRun, config: AsyncGRPOConfig, model_path: Path, served: str, output_dir: Path, on_phase
+) -> Iterator[tuple[Callable[..., Any], list[dict[str, Any]], AsyncGRPOConfig]]:
+    """(session factory builder, task rows, config with the engine's URL) for `run`: the given server, or
+    the embedded engine serving `model_path` and an embedded server in front of it."""
+    from harbor_server.client import HarborSessionFactory
+
     with contextlib.ExitStack() as stack:
         llm_url, server_url, split = run.llm_url, run.server_url, run.split
         if server_url is None:
-            on_phase("starting the embedded engine and server")
+            on_phase(f"starting the embedded engine ({model_path.name}) and server")
             engine_url = stack.enter_context(embedded_engine(model_path, served))
             llm_url = engine_url + "/v1"
             config = config.model_copy(
@@ -194,17 +260,115 @@ def run_training(
             rows = [r for r in rows if r["task_id"] in set(run.tasks)]
         if not rows:
             raise TrainerConfigError(f"no tasks to train on in split {split!r} (tasks filter: {run.tasks})")
-        before = after = None
-        if run.eval_episodes:
-            on_phase(f"evaluating before training ({run.eval_episodes} episodes)")
-            before = evaluate(factory, rows, run.eval_episodes, config)
+        yield factory, rows, config
+
+
+def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
+    """Scripted demonstrations of the training tasks on the built-in white-box environments: the
+    `results.jsonl` of `harbor collect --provider scripted` (episodes already there are kept)."""
+    import asyncio
+
+    from rich.console import Console
+
+    from evaluation.collect import CollectConfig, run_collect
+    from evaluation.errors import EvaluationError
+    from harnesses.env_factory.builtin import ENV_TASKS_DIR
+
+    collect = CollectConfig(
+        datasets=[str(ENV_TASKS_DIR)], provider="scripted", task_globs=run.tasks or [],
+        num_episodes=run.demo_episodes, prefix="demo", n_concurrent=4,
+    )  # fmt: skip
+    try:  # quiet: the caller shows one progress display for the whole run
+        summary = asyncio.run(run_collect(collect, out_dir=out_dir, resume=True, console=Console(quiet=True)))
+    except EvaluationError as exc:
+        raise TrainerConfigError(f"collecting scripted demonstrations failed: {exc}") from exc
+    if summary.written == 0:
+        raise TrainerConfigError(f"the scripted teacher won no episode of {run.tasks} (see {out_dir})")
+    return out_dir / "results.jsonl"
+
+
+def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_progress: ProgressFn) -> Path:
+    """Collect demonstrations, fine-tune `model_path` on them; returns the fine-tuned model folder."""
+    from trainer.sft import SFTConfig, run_sft
+
+    on_progress("demos", 0, run.demo_episodes)
+    demos = collect_demonstrations(run, output_dir / "demos")
+    on_progress("demos", run.demo_episodes, run.demo_episodes)
+    sft = SFTConfig(
+        data=str(demos), model=str(model_path), output_dir=str(output_dir / "sft"), seed=seed,
+        task_ids=run.tasks, max_steps=run.sft_steps, per_device_train_batch_size=run.sft_batch_size,
+        learning_rate=run.sft_learning_rate,
+    )  # fmt: skip
+    result = run_sft(
+        sft,
+        on_start=lambda steps: on_progress("sft", 0, steps),
+        on_step=lambda step, _loss: on_progress("sft", step, run.sft_steps),
+    )
+    return result.output_dir
+
+
+def run_training(
+    run: TrainRun,
+    config: AsyncGRPOConfig,
+    *,
+    resume: bool = False,
+    on_phase: Callable[[str], None] = lambda _: None,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    on_progress: ProgressFn = lambda _phase, _done, _total: None,
+    on_eval: Callable[[str, EvalResult], None] = lambda _name, _result: None,
+) -> tuple[EvalResult | None, EvalResult | None, list[dict[str, Any]]]:
+    """(Warm up,) evaluate, train, evaluate. Returns (before GRPO, after GRPO, logged metrics); every
+    evaluation also goes to `on_eval(name, result)` with name `base`, `sft`, `before` or `after`."""
+    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+    from trainer.grpo import HarnessAsyncGRPOTrainer
+
+    if run.server_url is None and launched_ranks() > 1:
+        raise TrainerConfigError(
+            "the embedded default (engine, server and warm-up in this process) runs as one process; "
+            "under accelerate launch or torchrun, start the engine and `harbor serve` first and pass "
+            "--server-url and --llm-url"
+        )
+    main = os.environ.get("RANK", "0") == "0"  # only rank 0 evaluates: the policy is the same on all
+    if run.sft_steps and (run.server_url is not None or run.harness != "env-factory"):
+        raise TrainerConfigError(
+            "the SFT warm-up (sft_steps > 0) plays the built-in white-box environments with the scripted "
+            "teacher, so it needs the embedded server and --harness env-factory; for another setup run "
+            "`harbor collect` and `harbor sft` first and pass the fine-tuned folder as --model"
+        )
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_path = resolve_model_path(run.model, seed=config.seed)
+    served = run.served_model_name or ("tiny" if run.model == "tiny" else run.model)
+
+    def evaluation(name: str, factory, rows, cfg, episodes: int = run.eval_episodes) -> EvalResult:
+        on_phase(f"evaluating {name} ({episodes} episodes)")
+        on_progress(f"eval {name}", 0, episodes)  # here, before the episodes' threads report
+        done = iter(range(1, episodes + 1))
+        result = evaluate(
+            factory, rows, episodes, cfg, on_episode=lambda: on_progress(f"eval {name}", next(done), episodes)
+        )
+        on_eval(name, result)
+        return result
+
+    if run.sft_steps:
+        if run.base_eval_episodes:
+            with rollout_source(run, config, model_path, served, output_dir, on_phase) as source:
+                evaluation("base", *source, episodes=run.base_eval_episodes)
+        on_phase(f"SFT warm-up: {run.demo_episodes} scripted demonstrations, {run.sft_steps} steps")
+        model_path = warm_up(run, model_path, output_dir, config.seed, on_progress)
+    before = after = None
+    with rollout_source(run, config, model_path, served, output_dir, on_phase) as (factory, rows, config):
+        if run.eval_episodes and main:
+            before = evaluation("sft" if run.sft_steps else "before", factory, rows, config)
         model, tokenizer = load_model_and_tokenizer(model_path)
         on_phase(f"training for {config.max_steps} steps")
         trainer = HarnessAsyncGRPOTrainer(
             model, factory, config, train_dataset=rows, processing_class=tokenizer, step_callback=on_step
         )
-        history = trainer.train(resume_from_checkpoint=True if resume else None)
-        if run.eval_episodes:
-            on_phase(f"evaluating after training ({run.eval_episodes} episodes)")
-            after = evaluate(factory, rows, run.eval_episodes, config)
+        try:
+            history = trainer.train(resume_from_checkpoint=True if resume else None)
+        finally:
+            trainer.processes.close()
+        if run.eval_episodes and main:
+            after = evaluation("after", factory, rows, config)
     return before, after, history

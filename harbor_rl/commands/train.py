@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,11 @@ def register(app: typer.Typer) -> None:
         model: str | None = typer.Option(
             None, "--model", help="'tiny' or a local Hugging Face model folder."
         ),
-        server_url: str | None = typer.Option(
-            None,
+        server_url: list[str] = typer.Option(
+            [],
             "--server-url",
-            help="A running `harbor serve`; without it the engine and server start in-process.",
+            help="A running `harbor serve`; without it the engine and server start in-process. Several "
+            "servers sharing one store: repeat the flag or give a comma-separated list.",
         ),
         split: str | None = typer.Option(None, "--split", help="Task split on the server."),
         task: list[str] = typer.Option([], "--task", help="Train on this task id only. Repeatable."),
@@ -62,9 +65,10 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from trainer.errors import TrainerError
-        from trainer.run import run_training, split_settings
+        from trainer.run import CODING_DEFAULTS, EMBEDDED_DEFAULTS, run_training, split_settings
 
-        console = Console()
+        # Under accelerate launch or torchrun every rank runs this; rank 0 alone reports.
+        console = Console(quiet=os.environ.get("RANK", "0") != "0")
         torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
         data: dict[str, Any] = {}
         if config is not None:
@@ -76,16 +80,19 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{config} must hold a mapping of settings")
             data.update(loaded)
         flags = {
-            "model": model, "server_url": server_url, "split": split, "tasks": task or None, "harness": harness,
+            "model": model, "server_url": ",".join(server_url) or None, "split": split, "tasks": task or None, "harness": harness,
             "sandbox": sandbox, "llm_url": llm_url, "output_dir": output_dir, "max_steps": max_steps,
             "num_generations": num_generations, "learning_rate": learning_rate, "eval_episodes": eval_episodes,
         }  # fmt: skip
         data.update({k: v for k, v in flags.items() if v is not None})
         data.update(_parse_set(set_))
-        if "server_url" not in data:  # the embedded default: small and quick on two CPU cores
-            defaults = {"num_generations": 4, "per_device_train_batch_size": 8, "max_concurrent_rollouts": 8,
-                        "max_steps": 20, "learning_rate": 1e-4, "max_completion_length": 64,
-                        "output_dir": "runs/train-embedded"}  # fmt: skip
+        # The embedded default: warm-up, GRPO and evaluations, in minutes on two CPU cores.
+        if "server_url" not in data:
+            defaults = dict(EMBEDDED_DEFAULTS)
+            if data.get("harness", "env-factory") != "env-factory":  # the coding path: no scripted warm-up
+                defaults.update(CODING_DEFAULTS)
+            if data.get("model", "tiny") != "tiny":  # the warm-up's settings suit the tiny model only
+                defaults.update(sft_steps=0, base_eval_episodes=0)
             data = {**defaults, **data}
         try:
             run, grpo = split_settings(data)
@@ -93,49 +100,69 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from exc
 
         progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(), console=console,
         )  # fmt: skip
-        bar = progress.add_task("GRPO steps", total=grpo.max_steps, info="")
+        bars: dict[str, Any] = {}
+
+        def on_progress(phase: str, done: int, total: int, info: str = "") -> None:
+            if phase not in bars:
+                bars[phase] = progress.add_task(phase, total=total, info="")
+            progress.update(bars[phase], completed=done, total=total, info=info)
 
         def on_step(step: int, metrics: dict[str, Any]) -> None:
             reward = metrics.get("reward")
             info = f"reward {reward:.3f}" if reward is not None else "no scoreable rollout"
-            progress.update(bar, completed=step, info=f"{info}  v{metrics.get('policy_version')}")
+            on_progress("GRPO steps", step, grpo.max_steps, f"{info}  v{metrics.get('policy_version')}")
 
+        evaluations: dict[str, Any] = {}
+        started = time.monotonic()
         try:
             with progress:
-                before, after, history = run_training(
-                    run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step
-                )
+                _before, _after, history = run_training(
+                    run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
+                    on_progress=on_progress, on_eval=evaluations.__setitem__,
+                )  # fmt: skip
         except TrainerError as exc:
             console.print(f"[bold red]harbor train failed:[/] {exc}")
             raise typer.Exit(1) from exc
-        _report(console, before, after, history, grpo.output_dir)
+        _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 
     return None
 
 
-def _report(console, before, after, history, output_dir: str) -> None:
+EVAL_NAMES = {"base": "base model", "sft": "after SFT", "before": "before GRPO", "after": "after GRPO"}
+
+
+def _report(console, evaluations: dict[str, Any], history, output_dir: str, seconds: float) -> None:
     from rich.table import Table
 
-    if before is not None and after is not None:
-        table = Table(title="Evaluation (env reward, fresh episodes)")
-        for col in ("", "episodes", "unscoreable", "mean", "std. error"):
+    from trainer.run import grpo_gain
+
+    if evaluations:
+        table = Table(title="Evaluation: env reward of fresh episodes (same seeds in every row)")
+        for col in ("policy", "n", "unscoreable", "mean", "± s.e."):
             table.add_column(col, justify="right")
-        for name, result in (("before", before), ("after", after)):
-            table.add_row(name, str(len(result.rewards)), str(result.unscoreable), f"{result.mean:.3f}",
-                          f"{result.stderr:.3f}")  # fmt: skip
+        for name, result in evaluations.items():
+            table.add_row(EVAL_NAMES.get(name, name), str(len(result.rewards)), str(result.unscoreable),
+                          f"{result.mean:.3f}", f"{result.stderr:.3f}")  # fmt: skip
         console.print(table)
-        gain = after.mean - before.mean
-        noise = (before.stderr**2 + after.stderr**2) ** 0.5
-        verdict = "above noise" if noise == noise and gain > 2 * noise else "within noise"
-        console.print(f"gain {gain:+.3f} (2 s.e. = {2 * noise:.3f}): {verdict}")
+    start = evaluations.get("sft") or evaluations.get("before")
+    if start is not None and "after" in evaluations:
+        gain = grpo_gain(start, evaluations["after"])
+        verdict = "[green]yes: not noise[/]" if gain.significant else "[yellow]no: within noise[/]"
+        console.print(
+            f"GRPO gain {gain.delta:+.3f} ± {gain.stderr:.3f} s.e.; exceeds 2 s.e. ({2 * gain.stderr:.3f})? {verdict}"
+        )
     rewards = [h.get("reward") for h in history]
     console.print("reward per step: " + " ".join("-" if r is None else f"{r:.2f}" for r in rewards))
     from trainer.plot import reward_curve_png
 
-    png = reward_curve_png(history, Path(output_dir) / "reward_curve.png")
+    levels = {
+        EVAL_NAMES.get(name, name): result.mean for name, result in evaluations.items() if name != "base"
+    }
+    png = reward_curve_png(history, Path(output_dir) / "reward_curve.png", levels=levels)
     console.print(f"metrics: {Path(output_dir) / 'metrics.jsonl'}; checkpoints in {output_dir}")
     if png is not None:
         console.print(f"reward curve: {png}")
+    console.print(f"wall time: {seconds / 60:.1f} min")

@@ -47,8 +47,11 @@ def test_scripted_collect_writes_a_dataset_that_datasets_reads(tmp_path, runs_di
     )
     assert ds.num_rows == 4
     assert set(ds.column_names) == {
-        "episode_id", "messages", "reward", "done", "tool_trace", "metrics", "verify_metrics", "artifacts", "task", "extra"
+        "episode_id", "messages", "reward", "done", "tool_trace", "metrics", "verify_metrics", "artifacts", "task", "extra",
+        "tools",
     }  # fmt: skip
+    offered = {t["function"]["name"] for row in ds for t in row["tools"]}
+    assert offered == {"echo", "guess"}  # the tools SFT renders into the prompt
     assert ds["episode_id"] == [f"episode-{i:06d}" for i in range(4)]
     assert [t["task_id"] for t in ds["task"]] == [TASKS[i % len(TASKS)] for i in range(4)]
     for row in ds:
@@ -115,8 +118,9 @@ async def test_corrupt_line_is_skipped_with_a_warning_and_rerun(tmp_path, runs_d
     lines = results.read_text().splitlines()
     damaged = [lines[0], '{"episode_id": "episode-000001", "messages": [', lines[2], lines[0], '{"truncated']
     results.write_text("\n".join(damaged))  # no final newline: a write cut short
-    with pytest.warns(CorruptLineWarning) as caught:
+    with pytest.warns(CorruptLineWarning) as record:
         summary = await run_collect(config, out_dir=out, store_url=store_url, resume=True)
+    caught = [w for w in record if issubclass(w.category, CorruptLineWarning)]  # not others' warnings
     assert [str(w.message).split(": skipping")[0].rsplit(":", 1)[1] for w in caught] == ["2", "4", "5"]
     assert "second line for episode-000000" in str(caught[1].message)
     assert summary.ran == 1 and summary.skipped == 2 and summary.written == 3

@@ -30,6 +30,12 @@ def test_reward_curve_png(tmp_path) -> None:
         [{"step": 1, "reward": 0.1}, {"step": 2}, {"step": 3, "reward": 0.4}], tmp_path / "c.png"
     )
     assert Image.open(path).size == (640, 360)
+    # Evaluation levels widen the range to stay in the picture; NaN (nothing scored) is left out.
+    levels = {"after SFT": 0.9, "after GRPO": float("nan")}
+    with_levels = reward_curve_png([{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.4}], tmp_path / "l.png",
+                                   levels=levels)  # fmt: skip
+    red = (214, 39, 40)
+    assert red in {colour for _, colour in Image.open(with_levels).convert("RGB").getcolors(1 << 16)}
     assert reward_curve_png([{"step": 1}], tmp_path / "none.png") is None
 
 
@@ -42,15 +48,51 @@ def test_bad_settings_are_named(tmp_path) -> None:
     assert result.exit_code != 0 and "KEY=VALUE" in result.output
 
 
+def test_harbor_sft_trains_and_saves_a_model_folder(tiny_dir, tmp_path) -> None:
+    from tests.trainer.test_sft import write_results
+
+    write_results(tmp_path / "results.jsonl", [("echo-hi", "Hi!", 1.0), ("echo-hi", "Hi!", -1.0)])
+    out = tmp_path / "sft"
+    args = ["sft", str(tmp_path / "results.jsonl"), "--model", str(tiny_dir), "-o", str(out), "--max-steps", "2",
+            "--batch-size", "2", "--learning-rate", "1e-3"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "trained on 1 episodes" in result.output and "model saved to" in result.output  # -1.0 is dropped
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert json.loads((out / "sft_summary.json").read_text())["steps"] == 2
+
+    result = CliRunner().invoke(app, ["sft", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "no results.jsonl" in result.output
+    result = CliRunner().invoke(app, ["sft", str(tmp_path), "--min-reward", "5", "-o", str(tmp_path / "x")])
+    assert result.exit_code == 1 and "passes the filters" in result.output
+
+
+def test_warm_up_needs_the_embedded_env_factory_path() -> None:
+    from trainer.config import AsyncGRPOConfig
+    from trainer.run import TrainRun, run_training
+
+    run = TrainRun(harness="mini-swe-agent", sft_steps=3, eval_episodes=0)
+    with pytest.raises(TrainerConfigError, match="env-factory"):
+        run_training(run, AsyncGRPOConfig(max_steps=1))
+
+
 @pytest.mark.slow
 def test_embedded_default_runs_end_to_end(tmp_path, monkeypatch) -> None:
+    """The default pipeline's wiring on tiny numbers: base eval, scripted demos, SFT, eval, GRPO, eval."""
     monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     cfg = tmp_path / "grpo.yaml"
-    cfg.write_text("max_steps: 2\nreport_to: jsonl\neval_episodes: 2\nmax_completion_length: 16\n")
+    cfg.write_text(
+        "max_steps: 2\nreport_to: jsonl\neval_episodes: 2\nmax_completion_length: 16\nsft_steps: 2\n"
+        "demo_episodes: 2\nbase_eval_episodes: 2\nnum_generations: 2\nper_device_train_batch_size: 2\n"
+        "max_concurrent_rollouts: 2\n"
+    )
     result = CliRunner().invoke(app, ["train", "--config", str(cfg), "--output-dir", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert "before" in result.output and "after" in result.output
+    for row in ("base model", "after SFT", "after GRPO", "GRPO gain"):
+        assert row in result.output
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2] and lines[-1]["policy_version"] == 3
+    assert len((tmp_path / "out" / "demos" / "results.jsonl").read_text().splitlines()) == 2
+    assert json.loads((tmp_path / "out" / "sft" / "sft_summary.json").read_text())["steps"] == 2
     assert (tmp_path / "out" / "checkpoint-2" / "model.safetensors").is_file()
     assert (tmp_path / "out" / "reward_curve.png").stat().st_size > 0

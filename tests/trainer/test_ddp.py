@@ -222,3 +222,13 @@ def test_rank_zero_hands_out_its_work_and_its_failures(tmp_path) -> None:
 
 if __name__ == "__main__":
     _rank_main(*sys.argv[1:4])
+
+
+def test_the_embedded_default_refuses_to_run_as_several_processes(monkeypatch, tmp_path) -> None:
+    """Every rank would start its own engine, server and warm-up: refused, saying what to do instead."""
+    from trainer.errors import TrainerConfigError
+    from trainer.run import TrainRun, run_training
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TrainerConfigError, match="--server-url and --llm-url"):
+        run_training(TrainRun(), AsyncGRPOConfig(output_dir=str(tmp_path)))
