@@ -82,6 +82,7 @@ def owner_id() -> str:
 
 @dataclass(frozen=True)
 class _Network:
+    id: str
     name: str
     bridge: str
     gateway: str
@@ -112,7 +113,8 @@ class DockerBackend:
         self._setup_lock = threading.Lock()
         self._networks: dict[str, _Network] = {}
         self._quota: bool | None = None
-        self._forwarders: dict[tuple[str, int], asyncio.AbstractServer] = {}
+        # (gateway, port) -> (the network it was made for, the listening server)
+        self._forwarders: dict[tuple[str, int], tuple[_Network, asyncio.AbstractServer]] = {}
         self._forwarder_lock = asyncio.Lock()
 
     # -- protocol ---------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class DockerBackend:
             network = await _blocking(self._network_for, spec.network_mode)
             if spec.proxy_port is not None:
                 await _blocking(self._allow_proxy_port, network, spec.proxy_port)
-                await self._ensure_forwarder(network.gateway, spec.proxy_port)
+                await self._ensure_forwarder(network, spec.proxy_port)
             try:
                 container = await _blocking(self._run_container, client, spec, image, network, allowed)
                 break
@@ -173,9 +175,9 @@ class DockerBackend:
         The engine refuses to remove a network with containers attached, so this is safe while other
         processes run sandboxes. The firewall rules stay (they only match harbor-rl bridges); see
         `teardown()`."""
-        for server in self._forwarders.values():
+        for _, server in self._forwarders.values():
             server.close()
-        for server in self._forwarders.values():
+        for _, server in self._forwarders.values():
             with contextlib.suppress(Exception):
                 await server.wait_closed()
         self._forwarders.clear()
@@ -294,8 +296,14 @@ class DockerBackend:
         with self._setup_lock:
             if self.firewall:
                 _Firewall.install()  # idempotent and cheap (iptables -C checks); rules may have been removed
-            if mode in self._networks:
-                return self._networks[mode]
+            cached = self._networks.get(mode)
+            if cached is not None:
+                if self._still_exists(cached):
+                    return cached
+                # Removed outside harbor-rl (`docker network rm`, an engine that lost its networks):
+                # its gateway is gone with it, so make the network again rather than forward to it.
+                log.warning("docker: network %s was removed from outside; re-creating it", cached.name)
+                del self._networks[mode]
             name, bridge = _NETWORKS[mode]
             network = self._get_or_create_network(name, bridge, masquerade=mode != "no-network")
             config = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
@@ -305,11 +313,20 @@ class DockerBackend:
                     f"network {name} has no IPv4 gateway; remove it (docker network rm {name})"
                 )
             self._networks[mode] = _Network(
-                name=name, bridge=bridge, gateway=gateway.split("/")[0], mode=mode
+                id=network.id, name=name, bridge=bridge, gateway=gateway.split("/")[0], mode=mode
             )
             if self.firewall:  # a recreated network may have a new gateway: drop rules for the old one
                 _Firewall.forget_other_gateways(bridge, self._networks[mode].gateway)
             return self._networks[mode]
+
+    def _still_exists(self, network: _Network) -> bool:
+        import docker.errors
+
+        try:
+            self._connect().api.inspect_network(network.id)
+        except docker.errors.NotFound:
+            return False
+        return True
 
     def _get_or_create_network(self, name: str, bridge: str, *, masquerade: bool):
         import docker.errors
@@ -330,10 +347,10 @@ class DockerBackend:
                     "com.docker.network.bridge.enable_ip_masquerade": "true" if masquerade else "false",
                 },
             )
-        except docker.errors.APIError:
+        except docker.errors.APIError as exc:
             found = client.networks.list(names=[name])  # another process created it first
             if not found:
-                raise
+                raise SandboxUnavailable(f"cannot create the docker network {name}: {exc}") from exc
             network = found[0]
         network.reload()
         return network
@@ -378,18 +395,23 @@ class DockerBackend:
             _Firewall.uninstall()
         return True
 
-    async def _ensure_forwarder(self, gateway: str, port: int) -> None:
+    async def _ensure_forwarder(self, network: _Network, port: int) -> None:
         """Make gateway:port reach the proxy: nothing to do when something already listens there."""
+        gateway = network.gateway
         async with self._forwarder_lock:
-            server = self._forwarders.get((gateway, port))
-            if server is not None:
-                if server.get_loop() is asyncio.get_running_loop():
-                    return
+            for key, (made_for, server) in list(self._forwarders.items()):
                 # A forwarder serves only while the loop that made it runs (a backend reused from
-                # another loop, e.g. a later test's): free its port and start one on this loop.
-                with contextlib.suppress(Exception):
-                    server.close()  # on a closed loop this still closes the listening socket
-                del self._forwarders[(gateway, port)]
+                # another loop, e.g. a later test's) and on the network it was made for (one
+                # re-created since may have another gateway): close such ones and start afresh.
+                stale_network = made_for.name == network.name and made_for.id != network.id
+                if stale_network or (
+                    key == (gateway, port) and server.get_loop() is not asyncio.get_running_loop()
+                ):
+                    with contextlib.suppress(Exception):
+                        server.close()  # on a closed loop this still closes the listening socket
+                    del self._forwarders[key]
+            if (gateway, port) in self._forwarders:
+                return
             upstream = self.proxy_upstream_host
 
             async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -410,7 +432,7 @@ class DockerBackend:
                 raise SandboxUnavailable(
                     f"cannot forward {gateway}:{port} to the capture proxy: {exc}"
                 ) from exc
-            self._forwarders[(gateway, port)] = server
+            self._forwarders[(gateway, port)] = (network, server)
 
 
 _CANNOT_ENTER = ("OCI runtime exec failed", "cannot exec in a stopped state")

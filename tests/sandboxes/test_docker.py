@@ -192,6 +192,32 @@ def test_a_backend_reused_on_a_new_event_loop_still_forwards_to_the_proxy():
     assert asyncio.run(second()) == "hello-loop"
 
 
+async def test_a_network_removed_from_outside_is_recreated_with_its_forwarder(docker_backend, docker_client):
+    """`docker network rm` (or an engine that lost its networks) between two starts: the backend must
+    notice and make the network again, not forward on the gone network's gateway (EADDRNOTAVAIL)."""
+    import docker.errors
+
+    async with tcp_server("before", host="127.0.0.1") as port:
+        sandbox = await docker_backend.start(spec(proxy_port=port))
+        old_network = sandbox.network
+        try:
+            assert await connect_from(sandbox, sandbox.proxy_host, port) == "hello-before"
+        finally:
+            await sandbox.stop()
+    try:
+        docker_client.networks.get(old_network.name).remove()
+    except docker.errors.APIError as exc:  # only when another process's sandboxes are attached
+        pytest.skip(f"{old_network.name} is in use elsewhere, cannot remove it: {exc}")
+
+    async with tcp_server("after", host="127.0.0.1") as port:
+        sandbox = await docker_backend.start(spec(proxy_port=port))
+        try:
+            assert sandbox.network.id != old_network.id
+            assert await connect_from(sandbox, sandbox.proxy_host, port) == "hello-after"
+        finally:
+            await sandbox.stop()
+
+
 async def _greet_loop(reader, writer):
     writer.write(b"hello-loop\n")
     await writer.drain()
