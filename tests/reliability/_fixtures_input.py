@@ -1,6 +1,7 @@
 """Fixtures of the bad-input, load and isolation tests: a real capture proxy (uvicorn on 127.0.0.1)
 in front of `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM itself
-needs a GPU), with a real SQLite trace store. Test modules import the fixtures they use from here.
+needs a GPU), with a real SQLite trace store (the `store` fixture of conftest.py). Test modules import the fixtures
+they use from here.
 """
 
 from __future__ import annotations
@@ -11,24 +12,16 @@ import pytest
 
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
-from capture_proxy.store import TraceStore
 from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, MODEL, Imitation, Proxy
 
-__all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy", "store"]
+__all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy"]
 
 
 @pytest.fixture
 def imitation() -> Iterator[Imitation]:
     with serve_in_thread(create_imitation_app(ImitationSettings(model=MODEL))) as url:
         yield Imitation(url)
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[TraceStore]:
-    s = TraceStore(f"sqlite:///{tmp_path}/traces.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -36,6 +36,14 @@ def wait_for(predicate: Callable[[], object], timeout_s: float = 60.0, what: str
         time.sleep(0.05)
 
 
+@pytest.fixture
+def store(tmp_path) -> Iterator[TraceStore]:
+    """A SQLite trace store in the test's folder."""
+    s = TraceStore(f"sqlite:///{tmp_path}/traces.db")
+    yield s
+    s.close()
+
+
 def _answers(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2).status_code == 200

@@ -21,10 +21,10 @@ import orjson
 import pytest
 
 from tasks import BUILTIN_DIR, TaskFormatError, load_task
-from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy, store
+from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy
 from tests.server.conftest import make_config, running_server
 
-__all__ = ["imitation", "live_proxy", "store"]  # fixtures used by name
+__all__ = ["imitation", "live_proxy"]  # fixtures used by name
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -22,7 +22,6 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from capture_proxy.store import TraceStore
 from capture_proxy.testing import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, Proxy, start_proxy
 from tests.reliability.conftest import MODEL, EngineProcess, assert_turns_complete, wait_for
@@ -38,13 +37,6 @@ LONG = 20_000
 @dataclass
 class _Upstream:
     url: str
-
-
-@pytest.fixture
-def store(tmp_path) -> Iterator[TraceStore]:
-    s = TraceStore(f"sqlite:///{tmp_path}/traces.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy, store
+from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy
 from tests.server.conftest import make_config, running_server
 
-__all__ = ["imitation", "live_proxy", "store"]  # fixtures used by name
+__all__ = ["imitation", "live_proxy"]  # fixtures used by name
 
 pytestmark = pytest.mark.timeout(240)
 

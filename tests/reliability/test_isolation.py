@@ -18,11 +18,11 @@ import openai
 import pytest
 
 from harbor_server.client import HarborSessionFactory
-from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy, store
+from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
 
-__all__ = ["imitation", "live_proxy", "store"]  # fixtures used by name
+__all__ = ["imitation", "live_proxy"]  # fixtures used by name
 
 pytestmark = pytest.mark.timeout(600)
 MESSAGES = [{"role": "user", "content": "hi"}]

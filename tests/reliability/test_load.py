@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from capture_proxy.models import SessionCreated
-from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy, store
+from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy
 
-__all__ = ["imitation", "live_proxy", "store"]  # fixtures used by name
+__all__ = ["imitation", "live_proxy"]  # fixtures used by name
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,6 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from capture_proxy.store import TraceStore
 from capture_proxy.validation import fatal, validate_trace
@@ -34,12 +31,12 @@ from harbor_server.client import AsyncHarborSessionFactory, HarborSessionFactory
 from harbor_server.config import ServeConfig
 from harbor_server.errors import CapacityExceeded, ServerUnreachable
 from harnesses.env_factory.builtin import ENV_TASKS_DIR
+from tests.postgres import scratch_schema_url
 from tests.server.conftest import UNUSED_ENGINE, free_port, make_config, running_server
 from tests.server.scripted import SERVER_KWARGS
 
 pytestmark = pytest.mark.timeout(300)
 
-PG_ENV = "HARBOR_TEST_POSTGRES_URL"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -161,20 +158,8 @@ async def test_async_factory_spreads_concurrent_creates(two_servers):
 @pytest.fixture
 def pg_store_url() -> Iterator[str]:
     """A fresh schema of the test database (through the connection's search_path), dropped afterwards."""
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"needs PostgreSQL: set {PG_ENV} (e.g. postgresql+psycopg://user:pw@host/db)")
-    schema = f"scale_out_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        url = make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with scratch_schema_url("scale_out") as url:
+        yield url
 
 
 @contextlib.contextmanager
