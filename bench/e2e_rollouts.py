@@ -4,8 +4,8 @@ where a training step's time goes.
     python bench/e2e_rollouts.py [--quick] [--steps N]
 
 The pieces `harbor train` uses with no arguments, in this process: the embedded engine serving the tiny
-model (trainer.run.embedded_engine), a Harbor server over the built-in white-box environments with the
-local sandbox and a SQLite store (trainer.run.embedded_server), the env-factory harness, and
+model (harbor_rl.train_pipeline.embedded_engine), a Harbor server over the built-in white-box environments with the
+local sandbox and a SQLite store (harbor_rl.train_pipeline.embedded_server), the env-factory harness, and
 HarnessAsyncGRPOTrainer pushing weights to the engine over gloo after every step. Its settings are
 `harbor train`'s embedded defaults (4 generations, 8 rollouts per step, 8 in flight, 64 completion
 tokens, lr 1e-4).
@@ -119,7 +119,7 @@ def rollouts_only(name: str, factory_builder, rows, config: AsyncGRPOConfig, ste
 def training(factory_builder, rows, config: AsyncGRPOConfig, model_path: Path) -> tuple[Phase, list[dict]]:
     """The full trainer for `config.max_steps` steps; returns its phase and the per-step metrics, each with
     the step's wall time (`step_s`, from the previous step's end)."""
-    from trainer.engine.tiny_model import load_model_and_tokenizer
+    from engine.tiny_model import load_model_and_tokenizer
     from trainer.grpo import HarnessAsyncGRPOTrainer
 
     model, tokenizer = load_model_and_tokenizer(model_path)
@@ -235,9 +235,9 @@ def main() -> None:
 
 
 def run(scratch: Path, steps: int, quick: bool) -> tuple[list[Phase], list[dict], AsyncGRPOConfig]:
+    from engine.tiny_model import resolve_model_path
+    from harbor_rl.train_pipeline import embedded_engine, embedded_server
     from harbor_server.client import HarborSessionFactory
-    from trainer.engine.tiny_model import resolve_model_path
-    from trainer.run import embedded_engine, embedded_server
 
     settings = QUICK if quick else FULL
     model_path = resolve_model_path("tiny", seed=0)

@@ -2,7 +2,7 @@
 
     python bench/proxy_overhead.py [--quick]
 
-The engine is `capture_proxy.testing`'s vLLM imitation (512 prompt ids, 64 completion tokens, with
+The engine is `engine.imitation`'s vLLM imitation (512 prompt ids, 64 completion tokens, with
 logprobs and token ids), in its own process pinned to core 1; the proxy (uvicorn + the real SQLite trace
 store, every turn committed before its reply completes) in its own process pinned to core 0; the load
 generator (httpx, async) shares core 1 with the engine, so it costs the direct and the proxied runs
@@ -293,7 +293,7 @@ def main() -> None:
         engine_port, proxy_port = free_port(), free_port()
         engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
         engine = start(
-            ["-m", "capture_proxy.testing", "--port", str(engine_port), "--prompt-tokens", str(PROMPT_TOKENS),
+            ["-m", "engine.imitation", "--port", str(engine_port), "--prompt-tokens", str(PROMPT_TOKENS),
              "--completion-tokens", str(COMPLETION_TOKENS)],
             engine_core, f"{engine_url}/health",
         )  # fmt: skip

@@ -8,7 +8,7 @@ reply completes); `openenv` (OpenEnv's capture proxy); `litellm` (LiteLLM's prox
 model, no database). The peers run from venvs of their own (see bench/peers.py); one that cannot be
 installed or started is reported in its row.
 
-The engine is `capture_proxy.testing`'s vLLM imitation (64-token completions, logprobs and token ids),
+The engine is `engine.imitation`'s vLLM imitation (64-token completions, logprobs and token ids),
 pinned to the second core with the load generator; each proxy is pinned alone to the first core, so
 its CPU time is its own. The agents are a coding agent's loop: sessions of 32 turns whose context
 grows each turn by the model's reply and a tool output (so each prompt extends the last one's prompt
@@ -153,7 +153,7 @@ def serve_harbor(port: int, upstream: str, store_url: str) -> None:
 
 
 def start_engine(port: int, core: int | None, logdir: Path) -> subprocess.Popen:
-    args = [sys.executable, "-m", "capture_proxy.testing", "--port", str(port), "--model", MODEL,
+    args = [sys.executable, "-m", "engine.imitation", "--port", str(port), "--model", MODEL,
             "--completion-tokens", str(COMPLETION_TOKENS)]  # fmt: skip
     with (logdir / "engine.log").open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,

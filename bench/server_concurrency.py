@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harbor_server.client import AsyncHarborSessionFactory, HarborClient
-from harbor_server.testing import free_port
+from harbor_server.embedded import free_port
 
 POLL_INTERVAL_S = 0.01
 IDLE_S = 5.0

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from capture_proxy.models import TrainingTrace  # noqa: E402
 from capture_proxy.rows import build_training_rows  # noqa: E402
+from engine.tiny_model import build_tiny_model, load_model_and_tokenizer  # noqa: E402
 from trainer.config import AsyncGRPOConfig  # noqa: E402
-from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer  # noqa: E402
 from trainer.grpo import HarnessAsyncGRPOTrainer  # noqa: E402
 from trainer.packing import TrainItem  # noqa: E402
 

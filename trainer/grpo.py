@@ -55,10 +55,9 @@ RolloutRewardFn = Callable[[HarnessRolloutOutcome], "float | None"]
 def _load_model(model: Any) -> tuple[torch.nn.Module, Any]:
     if isinstance(model, torch.nn.Module):
         return model, None
-    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+    from trainer.models import load_policy
 
-    loaded, tokenizer = load_model_and_tokenizer(resolve_model_path(str(model)))
-    return loaded, tokenizer
+    return load_policy(model)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -108,7 +107,7 @@ class HarnessAsyncGRPOTrainer:
         self.policy_version = 0
         self.weight_sync = weight_sync
         if self.weight_sync is None and self.args.vllm_server_base_url and self.processes.is_main:
-            from trainer.weight_sync import WeightSyncClient
+            from engine.weight_client import WeightSyncClient
 
             self.weight_sync = WeightSyncClient(
                 self.args.vllm_server_base_url, backend=self.args.weight_sync_backend

@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         """Serve MODEL like `vllm serve` does (chat, completions, logprobs, token ids, weight sync over gloo)."""
         import uvicorn
 
-        from trainer.engine.errors import ModelBuildError
-        from trainer.engine.server import EngineConfig, create_app
+        from engine.errors import ModelBuildError
+        from engine.server import EngineConfig, create_app
 
         config = EngineConfig(
             model=model,
@@ -48,11 +48,11 @@ def register(app: typer.Typer) -> None:
         )
         try:  # fail fast with a clear message instead of a traceback from the server's start-up
             if model == "tiny":
-                from trainer.engine.tiny_model import build_tiny_model
+                from engine.tiny_model import build_tiny_model
 
                 build_tiny_model(seed)
             else:
-                from trainer.engine.tiny_model import resolve_model_path
+                from engine.tiny_model import resolve_model_path
 
                 resolve_model_path(model, seed)
         except ModelBuildError as exc:

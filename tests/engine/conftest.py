@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.engine.server import EngineConfig, create_app
-from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer
+from engine.server import EngineConfig, create_app
+from engine.tiny_model import build_tiny_model, load_model_and_tokenizer
 
 MAX_MODEL_LEN = 1024
 

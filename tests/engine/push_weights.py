@@ -1,5 +1,5 @@
 """A separate trainer process for the weight-sync tests: loads the tiny model, changes it, and pushes
-it to the engine with `trainer.weight_sync` over gloo. Prints one JSON line with the outcome.
+it to the engine with `engine.weight_client` over gloo. Prints one JSON line with the outcome.
 
     python -m tests.engine.push_weights MODEL_DIR ENGINE_URL {good|bad-shape|twice|die}
 
@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from trainer.engine.errors import WeightSyncError
-from trainer.engine.tiny_model import load_model_and_tokenizer
-from trainer.weight_sync import WeightSyncClient
+from engine.errors import WeightSyncError
+from engine.tiny_model import load_model_and_tokenizer
+from engine.weight_client import WeightSyncClient
 
 PERTURB_SEED = 1234
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.engine.errors import ModelBuildError
-from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer, resolve_model_path
+from engine.errors import ModelBuildError
+from engine.tiny_model import build_tiny_model, load_model_and_tokenizer, resolve_model_path
 
 
 def test_same_seed_builds_identical_files_and_another_seed_other_weights(tmp_path, tiny_dir):
@@ -81,7 +81,7 @@ def test_any_local_hf_folder_loads(tiny_dir):
 
 
 def test_cache_dir_follows_harbor_cache_dir(monkeypatch, tmp_path):
-    from trainer.engine.tiny_model import default_cache_dir
+    from engine.tiny_model import default_cache_dir
 
     monkeypatch.setenv("HARBOR_CACHE_DIR", str(tmp_path))
     assert default_cache_dir() == tmp_path

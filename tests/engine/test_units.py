@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from trainer.engine.chat import parse_tool_calls, validate_tools
-from trainer.engine.errors import BadRequest
-from trainer.engine.sampling import SamplingSettings, processed_logprobs
-from trainer.engine.weight_transfer import pack_plan
+from engine.chat import parse_tool_calls, validate_tools
+from engine.errors import BadRequest
+from engine.sampling import SamplingSettings, processed_logprobs
+from engine.weight_transfer import pack_plan
 
 
 def test_parse_tool_calls_like_vllm_hermes():

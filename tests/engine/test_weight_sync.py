@@ -1,6 +1,6 @@
 """Weight sync from a SEPARATE trainer process through vLLM's weight-transfer endpoints (gloo).
 
-The trainer side is `trainer.weight_sync.WeightSyncClient`, the same code that talks to vLLM over NCCL.
+The trainer side is `engine.weight_client.WeightSyncClient`, the same code that talks to vLLM over NCCL.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fixtures for the harness tests: the vLLM imitation as the model, a real capture proxy in front of it,
 and the real Docker engine for sandboxes.
 
-The model is `capture_proxy.testing`'s imitation of vLLM's OpenAI server (no GPU here): a faithful
+The model is `engine.imitation`'s imitation of vLLM's OpenAI server (no GPU here): a faithful
 local imitation of the wire protocol (token ids, logprobs, hermes tool calls, streaming) whose "model"
 always calls one of the offered tools. Everything else is real: the capture proxy app and its SQLite
 trace store served over HTTP on 127.0.0.1, the agents' own packages, Docker containers.
@@ -21,7 +21,7 @@ import pytest
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
 from capture_proxy.store import TraceStore
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 
 MODEL = "tiny"
 ADMIN_KEY = "harness-tests-admin-key"

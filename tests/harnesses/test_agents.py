@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_proxy.testing import chat_prompt_ids
+from engine.imitation import chat_prompt_ids
 from harnesses import AgentOutcome, AgentRun, get_harness
 
 from .conftest import MODEL, Capture, builtin_task, rollout_name

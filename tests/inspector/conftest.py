@@ -1,7 +1,7 @@
 """Stores for the inspector's tests.
 
 `real_rollouts`: rollouts captured for real: the `openai` client -> the capture proxy (uvicorn on
-127.0.0.1) -> `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
+127.0.0.1) -> `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
 GPU). What `harbor serve` records when a rollout ends (task, harness, rewards, verifier output,
 timings) is written with TraceStore.update_session, the same call the server makes.
 

@@ -1,7 +1,7 @@
 """End to end in a real browser: rollouts captured through the proxy, the inspector mounted in a FastAPI
 app (as `harbor serve --expose gradio` does), driven by headless Debian Chromium through Selenium.
 
-Upstream of the proxy is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server
+Upstream of the proxy is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server
 (vLLM needs a GPU); the agent is the real `openai` client. The test saves docs/screenshots/list.png
 and docs/screenshots/rollout.png, which the README shows.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from capture_proxy.testing import decode_token, serve_in_thread
+from engine.imitation import decode_token, serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout

@@ -10,7 +10,7 @@ import pytest
 
 from capture_proxy.models import TrainingTurn, TurnMetadata
 from capture_proxy.store import SessionRecord
-from capture_proxy.testing import decode_token
+from engine.imitation import decode_token
 from inspector.db import open_readonly
 from inspector.graph_view import render_graph
 from inspector.queries import StoredRollout, load_rollout

@@ -1,6 +1,6 @@
 """Fixtures: a real proxy (uvicorn on 127.0.0.1, random port) in front of the vLLM imitation.
 
-The upstream is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM
+The upstream is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM
 itself needs a GPU); the store is a real SQLite trace store; agents are the real `openai` client.
 """
 
@@ -16,7 +16,7 @@ from capture_proxy.config import ProxyConfig
 from capture_proxy.models import SessionCreated
 from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore
-from capture_proxy.testing import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app, serve_in_thread
 
 ADMIN_KEY = "test-admin-key-0123456789"
 MODEL = "imitation-model"

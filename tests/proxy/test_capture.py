@@ -1,6 +1,6 @@
 """The real `openai` client through the running proxy; the store must hold exactly what the engine sent.
 
-Upstream is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
+Upstream is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
 GPU); see tests/fixtures/vllm/ for its wire shapes.
 """
 

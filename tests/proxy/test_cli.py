@@ -1,4 +1,4 @@
-"""`harbor proxy` as a user runs it: a real process in front of the vLLM imitation (`capture_proxy.testing`,
+"""`harbor proxy` as a user runs it: a real process in front of the vLLM imitation (`engine.imitation`,
 a faithful local imitation of vLLM's OpenAI server, since vLLM needs a GPU)."""
 
 from __future__ import annotations

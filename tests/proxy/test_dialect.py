@@ -1,5 +1,5 @@
 """The vLLM dialect on recorded wire samples (tests/fixtures/vllm/, produced by the vLLM imitation in
-`capture_proxy.testing`, whose shapes follow vLLM's chat_completion/protocol.py and serving code)."""
+`engine.imitation`, whose shapes follow vLLM's chat_completion/protocol.py and serving code)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad input, bad keys and engine failures: the agent gets an OpenAI-style 4xx/5xx, the proxy stays up.
 
-Upstream is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
+Upstream is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
 GPU), with failures injected through its settings.
 """
 

@@ -1,5 +1,5 @@
 """Fixtures of the bad-input, load and isolation tests: a real capture proxy (uvicorn on 127.0.0.1)
-in front of `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM itself
+in front of `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM itself
 needs a GPU), with a real SQLite trace store (the `store` fixture of conftest.py). Test modules import the fixtures
 they use from here.
 """
@@ -12,7 +12,7 @@ import pytest
 
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, MODEL, Imitation, Proxy
 
 __all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy"]

@@ -1,8 +1,8 @@
 """Shared pieces of the reliability suite: waiting for conditions, the vLLM imitation as a real
 subprocess (so a test can SIGKILL it mid-reply), and checks that a trace store is intact.
 
-The engine is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM
-itself needs a GPU), run with `python -m capture_proxy.testing` exactly as a benchmark would run it.
+The engine is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM
+itself needs a GPU), run with `python -m engine.imitation` exactly as a benchmark would run it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from capture_proxy.store import TraceStore
 from capture_proxy.validation import fatal, validate_trace
-from harbor_server.testing import free_port
+from harbor_server.embedded import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "imitation-model"
@@ -64,7 +64,7 @@ class EngineProcess:
     def start(self) -> EngineProcess:
         log = open(self._log_dir / f"engine-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115 (kept for the process)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "capture_proxy.testing", "--port", str(self.port), "--model", MODEL],
+            [sys.executable, "-m", "engine.imitation", "--port", str(self.port), "--model", MODEL],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

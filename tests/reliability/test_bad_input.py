@@ -2,7 +2,7 @@
 a broken trace: integers no store column holds, invalid UTF-8, huge bodies and prompts, and tool calls
 whose arguments are not JSON.
 
-The engine is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
+The engine is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a
 GPU); its `tool_arguments` setting makes it return tool calls with broken arguments, as models do.
 Everything else is real: proxy and `harbor serve` on 127.0.0.1, SQLite stores, the `openai` client,
 the env-factory harness in a bubblewrap sandbox.
@@ -308,9 +308,10 @@ async def test_env_factory_harness_answers_broken_arguments_with_an_error_and_co
 ):
     from harnesses import AgentRun
     from harnesses.env_factory import EnvFactoryHarness, LoopConfig
-    from harnesses.env_factory.builtin import ENV_TASKS_DIR, EchoEnv, echo_reward
     from harnesses.env_factory.harness import TRANSCRIPT_PATH
     from sandboxes.local import LocalBackend
+    from tasks.datasets import ENV_TASKS_DIR
+    from tasks.environments import EchoEnv, echo_reward
 
     imitation.configure(tool_arguments=BROKEN_ARGUMENTS)
     session = live_proxy.create(purpose="train")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from harbor_server.client import HarborSessionFactory
-from harbor_server.testing import free_port
+from harbor_server.embedded import free_port
 from tests.reliability.conftest import REPO, wait_for
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server

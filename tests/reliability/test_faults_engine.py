@@ -4,7 +4,7 @@ the proxy stays up, the call is recorded as a transport failure (no token ids, s
 can be trained on), the session becomes unscoreable (reward None, never 0) and its trace stays valid
 with the failed turn flagged.
 
-The killed engine is `capture_proxy.testing`'s imitation of vLLM's server (vLLM needs a GPU) run as its
+The killed engine is `engine.imitation`'s imitation of vLLM's server (vLLM needs a GPU) run as its
 own process. The malformed engine is a tiny local HTTP server that answers exactly the bytes a test
 gives it, since no real engine can be made to send them on purpose.
 """
@@ -22,7 +22,7 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from capture_proxy.testing import serve_in_thread
+from engine.imitation import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, Proxy, start_proxy
 from tests.reliability.conftest import MODEL, EngineProcess, assert_turns_complete, wait_for
 

@@ -2,7 +2,7 @@
 
 A real `harbor serve` process (SQLite store, `local` bwrap sandboxes) runs the `caller` test harness
 (tests/reliability/serve_with_callers.py), whose agents call the engine from inside their sandboxes
-through the capture port. The engine is `capture_proxy.testing`'s imitation of vLLM's server (vLLM
+through the capture port. The engine is `engine.imitation`'s imitation of vLLM's server (vLLM
 needs a GPU), slowed so that calls are in flight when the server dies.
 
 What must hold: completed rollouts keep their results and valid traces; rollouts in flight become
@@ -27,11 +27,11 @@ import httpx
 import pytest
 
 from capture_proxy.store import TraceStore
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from harbor_server.client import HarborClient, HarborSessionFactory
+from harbor_server.embedded import free_port
 from harbor_server.errors import ServerUnreachable
 from harbor_server.rollouts import RESTART_REASON
-from harbor_server.testing import free_port
 from tests.reliability.conftest import MODEL, REPO, assert_turns_complete, integrity_check, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

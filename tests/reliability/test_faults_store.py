@@ -4,7 +4,7 @@ is back (no restart).
 
 The disk is a real 4 MiB tmpfs mounted for the test (root can mount here and in CI); where mounting
 is not allowed, SQLite's `PRAGMA max_page_count` makes the database full instead (the same
-SQLITE_FULL error). The engine is `capture_proxy.testing`'s vLLM imitation (vLLM needs a GPU).
+SQLITE_FULL error). The engine is `engine.imitation`'s vLLM imitation (vLLM needs a GPU).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import event
 
 from capture_proxy.store import TraceStore
-from capture_proxy.testing import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app, serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, Proxy, start_proxy
 from tests.reliability.conftest import MODEL, assert_turns_complete, integrity_check
 

@@ -3,7 +3,7 @@
 Cases are generated from each app's own OpenAPI schema (valid and schema-violating ones) and sent over
 real HTTP to live servers on 127.0.0.1. The proxy's agent routes are plain Starlette routes outside its
 schema, so they are fuzzed from `AGENT_SCHEMA`, the slice of the OpenAI API they serve. The engine is
-`capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a GPU).
+`engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a GPU).
 
 Every run is bounded (`max_examples`) and derandomized; HARBOR_FUZZ_EXAMPLES=N runs a longer random hunt.
 """

@@ -4,7 +4,7 @@ environment nor any file or process it can read, on the local (bubblewrap) and D
 
 Real components: the capture proxy and `harbor serve` on 127.0.0.1, SQLite stores, bubblewrap, the
 Docker engine (those cases are marked `docker` and skip without an engine or the base image). The
-engine is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a GPU).
+engine is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server (vLLM needs a GPU).
 """
 
 from __future__ import annotations

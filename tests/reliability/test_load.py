@@ -2,7 +2,7 @@
 exactly once, in its own session, in order.
 
 The agents are the real `openai` AsyncOpenAI client (half of them stream); the proxy and its SQLite
-store are real; the engine is `capture_proxy.testing`, a faithful local imitation of vLLM's OpenAI
+store are real; the engine is `engine.imitation`, a faithful local imitation of vLLM's OpenAI
 server (vLLM needs a GPU). Each agent's messages carry a marker naming the agent and the turn, so a
 turn recorded in the wrong session, twice, or out of order is seen.
 """

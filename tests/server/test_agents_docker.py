@@ -1,7 +1,7 @@
 """The real agents through `harbor serve`: mini-swe-agent and opencode in Docker sandboxes, their
 calls captured, the verifier run, the trace fetched with the client.
 
-The model is `capture_proxy.testing`'s imitation of vLLM's OpenAI server (vLLM needs a GPU): its
+The model is `engine.imitation`'s imitation of vLLM's OpenAI server (vLLM needs a GPU): its
 "model" always calls one of the offered tools, so only the step limit stops the agent, and it never
 solves the task (reward 0.0 with a valid trace is the expected outcome). Images are cached by content
 hash, so only the first run pays for installing the agents.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from tests.server.conftest import make_config, running_server
 from tests.server.test_docker import docker_ready  # noqa: F401 - fixture

@@ -1,6 +1,6 @@
 """32 concurrent rollouts on one real server: none lost, none mixed up, /health answering throughout.
 
-The engine is `capture_proxy.testing`'s imitation of vLLM's HTTP server (vLLM itself needs a GPU);
+The engine is `engine.imitation`'s imitation of vLLM's HTTP server (vLLM itself needs a GPU);
 every rollout's harness calls it from inside its own `local` sandbox through the capture port with
 its own session key, asking with its episode id, so a trace holding another rollout's call would show.
 The precise latency measurement is bench/server_concurrency.py; here the bound is generous.
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from harbor_server.errors import TraceNotTrainable
 from tests.server.conftest import make_config, running_server

@@ -1,12 +1,12 @@
 """Rollouts through a real `harbor serve` on the real Docker engine: oracle 1.0, nop 0.0, and an
 agent inside a container reaching the capture port with its session key (the engine is
-`capture_proxy.testing`'s vLLM imitation; vLLM needs a GPU)."""
+`engine.imitation`'s vLLM imitation; vLLM needs a GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server

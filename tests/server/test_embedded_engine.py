@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture_proxy.testing import serve_in_thread
+from engine.imitation import serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from tests.server.conftest import make_config, running_server
 from tests.server.test_docker import docker_ready  # noqa: F401 - fixture
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 @pytest.fixture(scope="module")
 def engine_url():
-    from trainer.engine.server import EngineConfig, create_app
+    from engine.server import EngineConfig, create_app
 
     config = EngineConfig(model="tiny", return_tokens_as_token_ids=True, num_threads=1)
     with serve_in_thread(create_app(config)) as url:

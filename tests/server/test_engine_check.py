@@ -1,7 +1,7 @@
 """The start-up engine probe and `harbor serve` itself (a real subprocess): an unreachable or wrong
 engine is reported at start-up, not as mysterious rollout failures.
 
-The healthy engine is `capture_proxy.testing`'s imitation of vLLM's HTTP server (vLLM needs a GPU).
+The healthy engine is `engine.imitation`'s imitation of vLLM's HTTP server (vLLM needs a GPU).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 import httpx
 import pytest
 
-from capture_proxy.testing import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from harbor_server.embedded import free_port
 from harbor_server.engine_check import probe_engine
-from harbor_server.testing import free_port
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "imitation-model"

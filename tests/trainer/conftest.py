@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.tiny_model import build_tiny_model, load_model_and_tokenizer
 from tests.engine.conftest import Engine, engine_app, serve
-from trainer.engine.tiny_model import build_tiny_model, load_model_and_tokenizer
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,7 +62,7 @@ def _config(output_dir: Path, engine_url: str | None) -> AsyncGRPOConfig:
 
 
 def _rank_main(engine_url: str, model_dir: str, out_dir: str) -> None:
-    from trainer.engine.tiny_model import load_model_and_tokenizer
+    from engine.tiny_model import load_model_and_tokenizer
 
     torch.set_num_threads(1)
     model, tokenizer = load_model_and_tokenizer(Path(model_dir))
@@ -226,8 +226,8 @@ if __name__ == "__main__":
 
 def test_the_embedded_default_refuses_to_run_as_several_processes(monkeypatch, tmp_path) -> None:
     """Every rank would start its own engine, server and warm-up: refused, saying what to do instead."""
+    from harbor_rl.train_pipeline import TrainRun, run_training
     from trainer.errors import TrainerConfigError
-    from trainer.run import TrainRun, run_training
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(TrainerConfigError, match="--server-url and --llm-url"):

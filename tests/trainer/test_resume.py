@@ -8,10 +8,10 @@ import json
 
 import torch
 
+from engine.tiny_model import load_model_and_tokenizer
 from tests.trainer.direct import DirectSessionFactory
 from trainer.checkpoints import checkpoints
 from trainer.config import AsyncGRPOConfig
-from trainer.engine.tiny_model import load_model_and_tokenizer
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
 TASKS = [

@@ -1,5 +1,5 @@
 """Fixtures for the white-box path: a real capture proxy (uvicorn on 127.0.0.1) with a real SQLite
-store, in front of either the vLLM imitation (`capture_proxy.testing`, a faithful local imitation of
+store, in front of either the vLLM imitation (`engine.imitation`, a faithful local imitation of
 vLLM's wire protocol, which needs a GPU here) or the real embedded engine serving the tiny model.
 Model calls are made by the real `openai` client.
 """
@@ -17,8 +17,8 @@ import pytest
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
 from capture_proxy.store import TraceStore
-from capture_proxy.testing import create_imitation_app, serve_in_thread
 from capture_proxy.validation import validate_trace
+from engine.imitation import create_imitation_app, serve_in_thread
 
 ADMIN_KEY = "whitebox-admin-key-0123"
 
@@ -87,15 +87,15 @@ def proxy(tmp_path) -> Iterator[Proxy]:
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
-    from trainer.engine.tiny_model import build_tiny_model
+    from engine.tiny_model import build_tiny_model
 
     return build_tiny_model(seed=0, cache_dir=tmp_path_factory.mktemp("harbor-cache"))
 
 
 def serve_engine(model_dir: Path, max_model_len: int = 2048):
     """The real embedded engine serving `model_dir` on a background uvicorn (context manager)."""
-    from trainer.engine.server import EngineConfig
-    from trainer.engine.server import create_app as create_engine_app
+    from engine.server import EngineConfig
+    from engine.server import create_app as create_engine_app
 
     config = EngineConfig(
         model=str(model_dir), served_model_name="tiny", max_model_len=max_model_len, num_threads=1

@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import torch
 
-from trainer.engine.errors import BadRequest, EngineStopped
-from trainer.engine.sampling import SamplingSettings, processed_logprobs, sample, top_alternatives
+from engine.errors import BadRequest, EngineStopped
+from engine.sampling import SamplingSettings, processed_logprobs, sample, top_alternatives
 
 log = logging.getLogger(__name__)
 

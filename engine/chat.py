@@ -14,7 +14,7 @@ import re
 import uuid
 from typing import Any
 
-from trainer.engine.errors import BadRequest
+from engine.errors import BadRequest
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"

@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer.engine.chat import CHAT_TEMPLATE
-from trainer.engine.corpus import BUILTIN_CORPUS
-from trainer.engine.errors import ModelBuildError
+from engine.chat import CHAT_TEMPLATE
+from engine.corpus import BUILTIN_CORPUS
+from engine.errors import ModelBuildError
 
 BUILDER_VERSION = 1
 """Bump when the recipe changes, so cached folders are rebuilt."""

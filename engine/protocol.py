@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.engine.errors import BadRequest
-from trainer.engine.sampling import SamplingSettings
+from engine.errors import BadRequest
+from engine.sampling import SamplingSettings
 
 MAX_TOP_LOGPROBS = 20
 LOGPROB_FLOOR = -9999.0

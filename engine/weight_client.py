@@ -22,8 +22,8 @@ from typing import Any, Literal, Protocol
 import httpx
 import torch
 
-from trainer.engine.errors import WeightSyncError
-from trainer.engine.weight_transfer import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group, pack_plan
+from engine.errors import WeightSyncError
+from engine.weight_transfer import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group, pack_plan
 
 Backend = Literal["gloo", "nccl"]
 PauseMode = Literal["abort", "wait", "keep"]

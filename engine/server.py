@@ -18,9 +18,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from trainer.engine import protocol, serving
-from trainer.engine.config import VERSION_HEADER, EngineConfig, EngineState, load_engine
-from trainer.engine.errors import (
+from engine import protocol, serving
+from engine.config import VERSION_HEADER, EngineConfig, EngineState, load_engine
+from engine.errors import (
     BadRequest,
     EngineError,
     EngineStopped,
@@ -28,7 +28,7 @@ from trainer.engine.errors import (
     WeightTransferError,
     WeightTransferStateError,
 )
-from trainer.engine.protocol import ChatRequest, CompletionRequest
+from engine.protocol import ChatRequest, CompletionRequest
 
 __all__ = ["EngineConfig", "create_app", "load_engine"]
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.engine.errors import BadRequest, WeightTransferError, WeightTransferStateError
-from trainer.engine.scheduler import BatchScheduler
+from engine.errors import BadRequest, WeightTransferError, WeightTransferStateError
+from engine.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@
   template and hermes tool-call parser.
 - `scheduler.BatchScheduler`: the batching generation loop; `sampling`: processed logprobs.
 - `weight_transfer.WeightReceiver`: vLLM's weight-transfer endpoints over gloo (the trainer's side is
-  `trainer.weight_sync`).
+  `engine.weight_client`).
 
-Nothing is imported here, so `import trainer.engine` stays free of torch.
+Nothing is imported here, so `import engine` stays free of torch.
 """

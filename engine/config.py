@@ -9,10 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trainer.engine.errors import ModelNotFound
-from trainer.engine.protocol import Defaults, TokenNamer
-from trainer.engine.scheduler import BatchScheduler
-from trainer.engine.weight_transfer import WeightReceiver
+from engine.errors import ModelNotFound
+from engine.protocol import Defaults, TokenNamer
+from engine.scheduler import BatchScheduler
+from engine.weight_transfer import WeightReceiver
 
 VERSION_HEADER = "x-policy-version"
 
@@ -74,7 +74,7 @@ def load_engine(config: EngineConfig) -> EngineState:
     """Resolve and load the model, and build (not start) the batching loop."""
     import torch
 
-    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+    from engine.tiny_model import load_model_and_tokenizer, resolve_model_path
 
     torch.set_num_threads(config.num_threads)
     path = resolve_model_path(config.model, config.seed, config.cache_dir)

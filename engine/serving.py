@@ -11,12 +11,12 @@ from typing import Any
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-from trainer.engine import chat, protocol
-from trainer.engine.config import VERSION_HEADER, EngineState
-from trainer.engine.errors import BadRequest, EngineError
-from trainer.engine.protocol import ChatRequest, CompletionRequest
-from trainer.engine.sampling import SamplingSettings
-from trainer.engine.scheduler import BatchScheduler, Sequence, TokenEvent
+from engine import chat, protocol
+from engine.config import VERSION_HEADER, EngineState
+from engine.errors import BadRequest, EngineError
+from engine.protocol import ChatRequest, CompletionRequest
+from engine.sampling import SamplingSettings
+from engine.scheduler import BatchScheduler, Sequence, TokenEvent
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
