@@ -1,6 +1,6 @@
 """Supervised warm-up (`harbor sft`): fine-tune a policy on the episodes `harbor collect` wrote.
 
-    result = run_sft(SFTConfig(data="demos/results.jsonl", model="tiny", output_dir="runs/sft", max_steps=50))
+    result = run_sft(SFTConfig(data="demos/results.jsonl", model="models/base", output_dir="runs/sft", max_steps=50))
     # result.output_dir is a Hugging Face model folder: `harbor engine --model runs/sft` serves it
 
 GRPO needs a policy that sometimes succeeds; a random or weak model rarely does. This trains on each
@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from capture_proxy.episodes import Episode, read_episodes
 from trainer.errors import SFTDataError, TrainerConfigError
 
 IGNORE_INDEX = -100
@@ -38,8 +39,9 @@ class SFTConfig(BaseModel):
 
     data: str
     """A `results.jsonl` from `harbor collect`, or the folder holding it."""
-    model: str = "tiny"
-    """The policy to start from: `tiny` (built locally) or a local Hugging Face model folder."""
+    model: str
+    """The policy to start from: a local Hugging Face model folder or a Hub id (`harbor sft` also takes
+    `tiny`, the embedded engine's model, and resolves it to its folder)."""
     output_dir: str = "runs/sft"
     """Where the fine-tuned model folder (model, tokenizer, `sft_summary.json`) is saved."""
     seed: int = 0
@@ -162,14 +164,10 @@ def results_file(data: str | Path) -> Path:
     return path
 
 
-def load_episodes(config: SFTConfig) -> list[Any]:
+def load_episodes(config: SFTConfig) -> list[Episode]:
     """The episodes of `config.data` that pass the keep-filter, the task filter and `max_episodes`."""
-    from evaluation.collect import SFTDataset
-
     path = results_file(config.data)
-    dataset = SFTDataset(path.parent)
-    dataset.results = path  # any file name: corrupt lines are skipped with a warning, as collect does
-    episodes = dataset.read_valid_lines()
+    episodes = read_episodes(path)  # corrupt lines are skipped with a warning, as collect does
     kept = [
         ep
         for ep in episodes
@@ -246,11 +244,11 @@ def run_sft(
     runs once before training, `on_step(step, loss)` after every optimizer step."""
     import torch
 
-    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
+    from trainer.models import load_policy
 
     started = time.monotonic()
     episodes = load_episodes(config)
-    model, tokenizer = load_model_and_tokenizer(resolve_model_path(config.model, seed=config.seed))
+    model, tokenizer = load_policy(config.model)
     if tokenizer.chat_template is None:
         raise TrainerConfigError(
             f"the tokenizer of {config.model} has no chat template to render messages with"

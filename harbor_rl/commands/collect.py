@@ -72,12 +72,7 @@ def collect_command(
 
     console = Console(stderr=True)
     if not dataset:
-        if provider == "scripted":
-            from harnesses.env_factory.builtin import ENV_TASKS_DIR
-
-            dataset = [str(ENV_TASKS_DIR)]
-        else:
-            dataset = ["builtin"]
+        dataset = ["env-tasks"] if provider == "scripted" else ["builtin"]
     try:
         config = CollectConfig(
             datasets=dataset,

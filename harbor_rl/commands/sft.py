@@ -29,14 +29,19 @@ def sft_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trainer.errors import TrainerError
-    from trainer.sft import SFTConfig, run_sft
+    from engine.errors import ModelBuildError
+    from engine.tiny_model import resolve_model_path
+    from trainer import SFTConfig, TrainerError, run_sft
 
     console = Console()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     try:
+        model_path = resolve_model_path(model, seed=seed)
+    except ModelBuildError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--model") from exc
+    try:
         config = SFTConfig(
-            data=str(data), model=model, output_dir=str(output_dir), seed=seed, max_steps=max_steps,
+            data=str(data), model=str(model_path), output_dir=str(output_dir), seed=seed, max_steps=max_steps,
             num_train_epochs=epochs, per_device_train_batch_size=batch_size, learning_rate=learning_rate,
             min_reward=None if keep_all else min_reward, task_ids=task or None, max_length=max_length,
         )  # fmt: skip

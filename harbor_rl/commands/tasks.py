@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
     @tasks_app.command("check")
     def check(
         dataset: str = typer.Argument(
-            ..., help="A task folder, a folder of tasks, 'builtin' or hf:REPO[@split]."
+            ...,
+            help="A task folder, a folder of tasks, a named dataset ('builtin', 'env-tasks') or hf:REPO[@split].",
         ),
         run: str = typer.Option("", "--run", help="Also run these in a sandbox and verify: oracle,nop."),
         sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend for --run: local or docker."),
@@ -85,12 +86,12 @@ def _check(dataset: str, agents: list[str], backend_name: str, concurrency: int)
 
 
 def _load_all(dataset: str) -> tuple[list[dict], list]:
-    from tasks import TaskError, load_dataset_spec, load_task, task_dirs
+    from tasks import NAMED_DATASETS, TaskError, load_dataset_spec, load_task, task_dirs
 
     rows: list[dict] = []
     tasks = []
     folder = Path(dataset)
-    if dataset != "builtin" and not dataset.startswith("hf:") and folder.is_dir():
+    if dataset not in NAMED_DATASETS and not dataset.startswith("hf:") and folder.is_dir():
         for task_dir in task_dirs(folder):
             try:
                 task = load_task(task_dir)

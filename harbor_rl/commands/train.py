@@ -64,8 +64,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from harbor_rl.train_pipeline import CODING_DEFAULTS, EMBEDDED_DEFAULTS, run_training, split_settings
         from trainer.errors import TrainerError
-        from trainer.run import CODING_DEFAULTS, EMBEDDED_DEFAULTS, run_training, split_settings
 
         # Under accelerate launch or torchrun every rank runs this; rank 0 alone reports.
         console = Console(quiet=os.environ.get("RANK", "0") != "0")
@@ -139,7 +139,7 @@ EVAL_NAMES = {"base": "base model", "sft": "after SFT", "before": "before GRPO",
 def _report(console, evaluations: dict[str, Any], history, output_dir: str, seconds: float) -> None:
     from rich.table import Table
 
-    from trainer.run import grpo_gain
+    from harbor_rl.train_pipeline import grpo_gain
 
     if evaluations:
         table = Table(title="Evaluation: env reward of fresh episodes (same seeds in every row)")
@@ -158,7 +158,7 @@ def _report(console, evaluations: dict[str, Any], history, output_dir: str, seco
         )
     rewards = [h.get("reward") for h in history]
     console.print("reward per step: " + " ".join("-" if r is None else f"{r:.2f}" for r in rewards))
-    from trainer.plot import reward_curve_png
+    from harbor_rl.reward_plot import reward_curve_png
 
     levels = {
         EVAL_NAMES.get(name, name): result.mean for name, result in evaluations.items() if name != "base"

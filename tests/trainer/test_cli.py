@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from harbor_rl.cli import app
+from harbor_rl.train_pipeline import split_settings
 from trainer.errors import TrainerConfigError
-from trainer.run import split_settings
 
 
 def test_one_mapping_splits_into_run_and_grpo_settings() -> None:
@@ -24,7 +24,7 @@ def test_one_mapping_splits_into_run_and_grpo_settings() -> None:
 def test_reward_curve_png(tmp_path) -> None:
     from PIL import Image
 
-    from trainer.plot import reward_curve_png
+    from harbor_rl.reward_plot import reward_curve_png
 
     path = reward_curve_png(
         [{"step": 1, "reward": 0.1}, {"step": 2}, {"step": 3, "reward": 0.4}], tmp_path / "c.png"
@@ -68,8 +68,8 @@ def test_harbor_sft_trains_and_saves_a_model_folder(tiny_dir, tmp_path) -> None:
 
 
 def test_warm_up_needs_the_embedded_env_factory_path() -> None:
+    from harbor_rl.train_pipeline import TrainRun, run_training
     from trainer.config import AsyncGRPOConfig
-    from trainer.run import TrainRun, run_training
 
     run = TrainRun(harness="mini-swe-agent", sft_steps=3, eval_episodes=0)
     with pytest.raises(TrainerConfigError, match="env-factory"):

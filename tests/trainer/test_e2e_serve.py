@@ -13,8 +13,7 @@ import pytest
 
 from harbor_server import HarborSessionFactory
 from harbor_server.config import ServeConfig
-from harbor_server.testing import free_port, running_server
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
+from harbor_server.embedded import free_port, running_server
 from trainer.config import AsyncGRPOConfig
 from trainer.grpo import HarnessAsyncGRPOTrainer
 from trainer.outcome import HarnessRolloutOutcome
@@ -24,7 +23,7 @@ from trainer.outcome import HarnessRolloutOutcome
 def server(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     config = ServeConfig(
-        datasets=[str(ENV_TASKS_DIR)], model="tiny", port=free_port(), capture_port=free_port(),
+        datasets=["env-tasks"], model="tiny", port=free_port(), capture_port=free_port(),
         capture_host="127.0.0.1", sandbox="local", store_url=f"sqlite:///{tmp_path}/traces.db",
         check_engine=False, max_concurrent_envs=5,
     )  # fmt: skip
@@ -44,12 +43,10 @@ def test_trainer_through_harbor_serve_with_gloo_weight_sync(
         return outcome.completion_tokens / 16
 
     factory = functools.partial(
-        HarborSessionFactory, server.url, split=ENV_TASKS_DIR.name, harness="env-factory", sandbox="local",
+        HarborSessionFactory, server.url, split="env-tasks", harness="env-factory", sandbox="local",
         llm_url=fresh_engine.v1, model="tiny", agent_timeout_sec=120,
     )  # fmt: skip
-    rows = list(
-        HarborSessionFactory(server.url, split=ENV_TASKS_DIR.name, harness="env-factory").prompt_rows()
-    )
+    rows = list(HarborSessionFactory(server.url, split="env-tasks", harness="env-factory").prompt_rows())
     rows = [r for r in rows if r["task_id"].startswith("echo")]
     config = AsyncGRPOConfig(
         output_dir=str(tmp_path / "run"), report_to="jsonl", max_steps=3, num_generations=2,

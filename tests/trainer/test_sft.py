@@ -10,9 +10,9 @@ import openai
 import pytest
 import torch
 
+from engine.tiny_model import load_model_and_tokenizer
 from evaluation.collect import Episode
 from tests.engine.conftest import engine_app, serve
-from trainer.engine.tiny_model import load_model_and_tokenizer
 from trainer.sft import (
     IGNORE_INDEX,
     SFTConfig,
@@ -87,15 +87,15 @@ def test_keep_filter_and_task_filter(tmp_path) -> None:
         tmp_path / "results.jsonl",
         [("echo-hi", "Hi!", 1.0), ("echo-hi", "Hi!", 0.2), ("echo-hello-world", "Hello World!", None)],
     )
-    ids = lambda **kw: [ep.episode_id for ep in load_episodes(SFTConfig(data=str(tmp_path), **kw))]  # noqa: E731
+    ids = lambda **kw: [ep.episode_id for ep in load_episodes(SFTConfig(data=str(tmp_path), model="unused", **kw))]  # noqa: E731
     assert ids() == ["demo-000000", "demo-000001"]  # reward >= 0 by default; unscored is dropped
     assert ids(min_reward=0.5) == ["demo-000000"]
     assert ids(min_reward=None) == ["demo-000000", "demo-000001", "demo-000002"]
     assert ids(min_reward=None, task_ids=["echo-hello-world"]) == ["demo-000002"]
     with pytest.raises(SFTDataError, match="passes the filters"):
-        load_episodes(SFTConfig(data=str(tmp_path), min_reward=2.0))
+        load_episodes(SFTConfig(data=str(tmp_path), model="unused", min_reward=2.0))
     with pytest.raises(SFTDataError, match="no results.jsonl"):
-        load_episodes(SFTConfig(data=str(tmp_path / "missing")))
+        load_episodes(SFTConfig(data=str(tmp_path / "missing"), model="unused"))
 
 
 def test_a_few_steps_lower_the_loss_and_the_folder_is_served(tiny_dir, tmp_path) -> None:

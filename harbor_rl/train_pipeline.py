@@ -144,7 +144,7 @@ def embedded_engine(model_path: Path, served_name: str) -> Iterator[str]:
     """The embedded engine on 127.0.0.1 (random port) in a background thread; yields its base URL."""
     import uvicorn
 
-    from trainer.engine.server import EngineConfig, create_app
+    from engine.server import EngineConfig, create_app
 
     app = create_app(EngineConfig(model=str(model_path), served_model_name=served_name, max_model_len=4096))
     server = uvicorn.Server(
@@ -168,12 +168,10 @@ def embedded_engine(model_path: Path, served_name: str) -> Iterator[str]:
 def embedded_server(output_dir: Path, llm_url: str, model: str, capacity: int, sandbox: str) -> Iterator[str]:
     """A Harbor server over the built-in white-box environments (split `env-tasks`) and the built-in
     coding tasks (split `builtin`), in this process; yields its URL."""
-    from harbor_server.config import ServeConfig
-    from harbor_server.testing import free_port, running_server
-    from harnesses.env_factory.builtin import ENV_TASKS_DIR
+    from harbor_server import ServeConfig, free_port, running_server
 
     config = ServeConfig(
-        datasets=[str(ENV_TASKS_DIR), "builtin"], llm_url=llm_url, model=model, port=free_port(),
+        datasets=["env-tasks", "builtin"], llm_url=llm_url, model=model, port=free_port(),
         capture_port=free_port(), capture_host="127.0.0.1" if sandbox == "local" else "0.0.0.0", sandbox=sandbox, store_url=f"sqlite:///{output_dir.resolve()}/traces.db",
         check_engine=False, max_concurrent_envs=capacity,
         server_id="embedded",  # its port changes each run; the id must not, so a crashed run's leftovers are failed
@@ -227,7 +225,7 @@ def rollout_source(
 ) -> Iterator[tuple[Callable[..., Any], list[dict[str, Any]], AsyncGRPOConfig]]:
     """(session factory builder, task rows, config with the engine's URL) for `run`: the given server, or
     the embedded engine serving `model_path` and an embedded server in front of it."""
-    from harbor_server.client import HarborSessionFactory
+    from harbor_server import HarborSessionFactory
 
     with contextlib.ExitStack() as stack:
         llm_url, server_url, split = run.llm_url, run.server_url, run.split
@@ -272,10 +270,9 @@ def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
 
     from evaluation.collect import CollectConfig, run_collect
     from evaluation.errors import EvaluationError
-    from harnesses.env_factory.builtin import ENV_TASKS_DIR
 
     collect = CollectConfig(
-        datasets=[str(ENV_TASKS_DIR)], provider="scripted", task_globs=run.tasks or [],
+        datasets=["env-tasks"], provider="scripted", task_globs=run.tasks or [],
         num_episodes=run.demo_episodes, prefix="demo", n_concurrent=4,
     )  # fmt: skip
     try:  # quiet: the caller shows one progress display for the whole run
@@ -289,7 +286,7 @@ def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
 
 def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_progress: ProgressFn) -> Path:
     """Collect demonstrations, fine-tune `model_path` on them; returns the fine-tuned model folder."""
-    from trainer.sft import SFTConfig, run_sft
+    from trainer import SFTConfig, run_sft
 
     on_progress("demos", 0, run.demo_episodes)
     demos = collect_demonstrations(run, output_dir / "demos")
@@ -319,8 +316,8 @@ def run_training(
 ) -> tuple[EvalResult | None, EvalResult | None, list[dict[str, Any]]]:
     """(Warm up,) evaluate, train, evaluate. Returns (before GRPO, after GRPO, logged metrics); every
     evaluation also goes to `on_eval(name, result)` with name `base`, `sft`, `before` or `after`."""
-    from trainer.engine.tiny_model import load_model_and_tokenizer, resolve_model_path
-    from trainer.grpo import HarnessAsyncGRPOTrainer
+    from engine.tiny_model import resolve_model_path
+    from trainer import HarnessAsyncGRPOTrainer, load_policy
 
     if run.server_url is None and launched_ranks() > 1:
         raise TrainerConfigError(
@@ -360,7 +357,7 @@ def run_training(
     with rollout_source(run, config, model_path, served, output_dir, on_phase) as (factory, rows, config):
         if run.eval_episodes and main:
             before = evaluation("sft" if run.sft_steps else "before", factory, rows, config)
-        model, tokenizer = load_model_and_tokenizer(model_path)
+        model, tokenizer = load_policy(model_path)
         on_phase(f"training for {config.max_steps} steps")
         trainer = HarnessAsyncGRPOTrainer(
             model, factory, config, train_dataset=rows, processing_class=tokenizer, step_callback=on_step
