@@ -3,7 +3,7 @@
     from evaluation import EvalConfig, run_eval, CollectConfig, run_collect
     summary = await run_eval(EvalConfig(harness="oracle"), jobs_dir=Path("jobs"))
     summary.scores.pass_rate, summary.scores.pass_at_k          # 1.0, {"1": 1.0}
-    await run_collect(CollectConfig(provider="scripted", datasets=[str(ENV_TASKS_DIR)]), out_dir=Path("sft"))
+    await run_collect(CollectConfig(provider="scripted", datasets=["env-tasks"]), out_dir=Path("sft"))
 
 `metrics` holds the estimators, `jobs` the jobs folder, `runner` the eval loop, `compare` the diff of
 two jobs, `collect` the SFT dataset writer, `scripted` the model-free teacher, `hub` the Hub upload.

@@ -1,6 +1,6 @@
 """`harbor collect`: rollouts written as an SFT dataset (`results.jsonl` + `metadata.json`).
 
-    summary = await run_collect(CollectConfig(provider="scripted", datasets=[str(ENV_TASKS_DIR)]),
+    summary = await run_collect(CollectConfig(provider="scripted", datasets=["env-tasks"]),
                                 out_dir=Path("sft"))
     datasets.load_dataset("json", data_files="sft/results.jsonl")
 
@@ -20,21 +20,21 @@ import asyncio
 import contextlib
 import os
 import time
-import warnings
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from capture_proxy.episodes import Episode, read_episodes
 from evaluation.errors import DatasetMisaligned, ProviderError
 from evaluation.jobs import job_store_url, write_json_atomic
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, token_counts
 from evaluation.runner import load_datasets, select_tasks
-from harbor_server.models import RolloutRequest
+from harbor_server import RolloutRequest
 from tasks import Dataset
 
 RESULTS_FILE = "results.jsonl"
@@ -42,10 +42,6 @@ METADATA_FILE = "metadata.json"
 FORMAT = "harbor-collect/1"
 Provider = Literal["scripted", "openai"]
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
-
-
-class CorruptLineWarning(UserWarning):
-    """A results.jsonl line that is not a valid episode; it is skipped."""
 
 
 class CollectConfig(BaseModel):
@@ -77,26 +73,6 @@ class CollectConfig(BaseModel):
         if self.provider == "openai" and (self.llm_url is None or self.model is None):
             raise ValueError("--provider openai needs --llm-url and --model (or use --provider scripted)")
         return self
-
-
-class Episode(BaseModel):
-    """One line of results.jsonl."""
-
-    episode_id: str
-    messages: list[dict[str, Any]]
-    reward: float | None
-    done: bool
-    """The rollout completed (not timed out, failed or cancelled)."""
-    tool_trace: list[dict[str, Any]]
-    """Every tool call in order: name, arguments, output (None when the episode ended before it was shown)."""
-    metrics: dict[str, Any]
-    verify_metrics: dict[str, float]
-    artifacts: dict[str, Any]
-    task: dict[str, Any]
-    extra: dict[str, Any]
-    tools: list[dict[str, Any]] = Field(default_factory=list)
-    """The tool schemas offered on the model's last call (TRL's `tools` column), so SFT renders the
-    prompt the policy will see; [] when none were offered."""
 
 
 def episode_id(prefix: str, index: int) -> str:
@@ -213,31 +189,7 @@ class SFTDataset:
 
     def read_valid_lines(self) -> list[Episode]:
         """Every valid episode in results.jsonl; each corrupt line is skipped with a CorruptLineWarning."""
-        if not self.results.exists():
-            return []
-        episodes: dict[str, Episode] = {}
-        for number, line in enumerate(self.results.read_bytes().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                episode = Episode.model_validate_json(line)
-            except ValidationError as exc:
-                reason = exc.errors()[0]["msg"] if exc.errors() else str(exc)
-                warnings.warn(
-                    f"{self.results}:{number}: skipping a corrupt line ({reason})",
-                    CorruptLineWarning,
-                    stacklevel=2,
-                )
-                continue
-            if episode.episode_id in episodes:
-                warnings.warn(
-                    f"{self.results}:{number}: skipping a second line for {episode.episode_id}",
-                    CorruptLineWarning,
-                    stacklevel=2,
-                )
-                continue
-            episodes[episode.episode_id] = episode
-        return list(episodes.values())
+        return read_episodes(self.results) if self.results.exists() else []
 
     def open(self, plan: Mapping[str, tuple[str, str]], *, resume: bool) -> None:
         """Load what is there (resume) or refuse to overwrite it; check ids map to the planned tasks."""

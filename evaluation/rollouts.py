@@ -17,12 +17,15 @@ from typing import Any
 import httpx
 
 from capture_proxy.models import TrainingTurn
-from harbor_server.config import ServeConfig
-from harbor_server.errors import CapacityExceeded
-from harbor_server.models import RolloutRequest, RolloutResult
-from harbor_server.rollouts import ONE_SHOT_HARNESSES
-from harbor_server.server import HarborServer
-from harbor_server.testing import free_port
+from harbor_server import (
+    CapacityExceeded,
+    HarborServer,
+    RolloutRequest,
+    RolloutResult,
+    ServeConfig,
+    free_port,
+)
+from harnesses import MODEL_FREE_HARNESSES
 from tasks import Dataset
 
 UNUSED_ENGINE_URL = "http://127.0.0.1:9/v1"
@@ -36,7 +39,7 @@ def engine_for(harness: str, llm_url: str | None, model: str | None) -> tuple[st
     """The engine URL and model a run uses; only model-free harnesses may leave them out."""
     if llm_url is not None and model is not None:
         return llm_url, model
-    if harness in ONE_SHOT_HARNESSES:
+    if harness in MODEL_FREE_HARNESSES:
         return llm_url or UNUSED_ENGINE_URL, model or UNUSED_MODEL
     missing = " and ".join(n for n, v in (("--llm-url", llm_url), ("--model", model)) if v is None)
     raise ValueError(f"harness {harness!r} calls a model: give {missing}")

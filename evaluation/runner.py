@@ -33,7 +33,7 @@ from evaluation.jobs import (
 )
 from evaluation.metrics import passed
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, engine_for, token_counts
-from harbor_server.models import RolloutRequest
+from harbor_server import RolloutRequest
 from tasks import Dataset
 
 
@@ -49,9 +49,9 @@ class Trial:
 
 
 def load_datasets(specs: list[str]) -> dict[str, Dataset]:
-    from harbor_server.server import load_datasets as server_load
+    import harbor_server
 
-    return server_load(specs)
+    return harbor_server.load_datasets(specs)
 
 
 def select_tasks(datasets: Mapping[str, Dataset], globs: list[str]) -> list[tuple[str, str]]:

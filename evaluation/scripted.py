@@ -27,8 +27,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from harbor_server.testing import free_port
-from harnesses.env_factory.builtin.wordle import WORDS, feedback
+from harbor_server import free_port
+from tasks.environments.wordle import WORDS, feedback
 
 SCRIPTED_MODEL = "scripted"
 NO_SCRIPT = "The scripted policy has no script for these tools."

@@ -26,6 +26,8 @@ _REGISTRY: dict[str, str | Callable[[], Harness]] = {
 }
 
 HARNESS_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+MODEL_FREE_HARNESSES = frozenset({"nop", "oracle"})
+"""Harnesses that never call a model: one step, no engine needed (they check a task and its verifier)."""
 """The built-in harness names (see `harness_names()` for ones registered later)."""
 
 
@@ -59,6 +61,7 @@ def prepare_image_layers(names: list[str]) -> dict[str, ImageLayer | None]:
 
 __all__ = [
     "HARNESS_NAMES",
+    "MODEL_FREE_HARNESSES",
     "AgentOutcome",
     "AgentRun",
     "Harness",

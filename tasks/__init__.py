@@ -3,11 +3,11 @@
 task = load_task("tasks/builtin/fix-pagination")        # validated, typed (TaskFormatError if not)
 spec = task.sandbox_spec("rollout-1", proxy_port=8300)    # what a sandbox backend needs
 result = await verify(sandbox, task)                      # VerifierResult(reward, rewards, ...)
-dataset = load_dataset_spec("builtin")                    # or a folder, or "hf:REPO[@split]"
+dataset = load_dataset_spec("builtin")                    # or "env-tasks", a folder, "hf:REPO[@split]"
 outcome = await sanity_check(task, backend, "oracle")     # oracle must score 1.0, nop 0.0
 """
 
-from tasks.datasets import BUILTIN_DIR, Dataset, load_dataset_spec, task_dirs, task_to_row
+from tasks.datasets import BUILTIN_DIR, NAMED_DATASETS, Dataset, load_dataset_spec, task_dirs, task_to_row
 from tasks.errors import DatasetError, TaskError, TaskFormatError, TaskNotFound
 from tasks.loader import Task, TaskPaths, load_task
 from tasks.models import TaskConfig
@@ -17,6 +17,7 @@ from tasks.verifier import VerifierResult, verify
 __all__ = [
     "BUILTIN_DIR",
     "EXPECTED_REWARD",
+    "NAMED_DATASETS",
     "Dataset",
     "DatasetError",
     "SanityResult",

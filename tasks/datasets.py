@@ -2,7 +2,9 @@
 
 `load_dataset_spec(spec)` takes one `--dataset` value:
 
-- `builtin`: the tasks shipped in `tasks/builtin/` (split `builtin`);
+- a named dataset shipped with the package (`NAMED_DATASETS`): `builtin`, the coding tasks in
+  `tasks/builtin/` (split `builtin`), or `env-tasks`, the white-box environments of
+  `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`);
 - `PATH`: a folder of task folders, or one task folder (split: the folder's name);
 - `hf:REPO[@split]`: a Hugging Face dataset read with `datasets` (split defaults to `train`). REPO is a
   Hub id, a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local
@@ -40,6 +42,9 @@ from tasks.errors import DatasetError, TaskFormatError, TaskNotFound
 from tasks.loader import Task, load_task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
+NAMED_DATASETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "env-tasks": ENV_TASKS_DIR}
+"""The datasets shipped with the package, by the name `--dataset` takes (the name is also the split)."""
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
 
@@ -79,8 +84,8 @@ class Dataset:
 
 def load_dataset_spec(spec: str, *, split: str | None = None, cache_dir: Path | None = None) -> Dataset:
     """Resolve one `--dataset` value (see the module docstring)."""
-    if spec == "builtin":
-        return load_folder(BUILTIN_DIR, split=split or "builtin", source="builtin")
+    if spec in NAMED_DATASETS:
+        return load_folder(NAMED_DATASETS[spec], split=split or spec, source=spec)
     if spec.startswith("hf:"):
         repo, _, at_split = spec[3:].partition("@")
         if not repo:
@@ -88,7 +93,10 @@ def load_dataset_spec(spec: str, *, split: str | None = None, cache_dir: Path | 
         return load_hf(repo, split=split or at_split or "train", cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise DatasetError(f"dataset {spec!r} is neither 'builtin', 'hf:REPO[@split]' nor an existing folder")
+        names = ", ".join(repr(n) for n in NAMED_DATASETS)
+        raise DatasetError(
+            f"dataset {spec!r} is neither a named dataset ({names}), 'hf:REPO[@split]' nor an existing folder"
+        )
     return load_folder(path, split=split or path.absolute().name, source=str(path))
 
 

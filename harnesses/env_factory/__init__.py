@@ -2,7 +2,7 @@
 
     from harnesses.env_factory import EnvironmentFactory, LoopConfig, run_episode, combine_rewards
 
-    factory = EnvironmentFactory("harnesses.env_factory.builtin.wordle:WordleEnv")  # validated at load
+    factory = EnvironmentFactory("tasks.environments.wordle:WordleEnv")  # validated at load
     env = factory.create()                                                         # one per rollout
     result = await run_episode(factory, env, AsyncOpenAI(base_url=proxy_url, api_key=key),
                                model="tiny", prompt="Play.", row={"secret": "crane"})

@@ -8,8 +8,8 @@ coding environment acts on the task's sandbox (it gets it as the row's `sandbox`
 Which environment runs comes from the harness's constructor, else from the task's `task.toml`:
 
     [metadata.env_factory]
-    environment = "harnesses.env_factory.builtin.wordle:WordleEnv"
-    reward_funcs = ["harnesses.env_factory.builtin.wordle:wordle_win", "...:wordle_partial"]
+    environment = "tasks.environments.wordle:WordleEnv"
+    reward_funcs = ["tasks.environments.wordle:wordle_win", "...:wordle_partial"]
     row = { secret = "crane" }                   # reset(**row) keywords
     loop = { max_tool_calling_iterations = 6, max_completion_length = 512 }
 
@@ -39,7 +39,7 @@ from harnesses.errors import HarnessConfigError
 if TYPE_CHECKING:
     from sandboxes.base import ImageLayer, Sandbox
 
-DEFAULT_ENVIRONMENT = "harnesses.env_factory.builtin.coding:CodingEnv"
+DEFAULT_ENVIRONMENT = "tasks.environments.coding:CodingEnv"
 METADATA_KEY = "env_factory"
 """`[metadata.env_factory]` in task.toml."""
 ENV_REWARD_PATH = f"{LOG_DIR}/env_reward.json"

@@ -16,15 +16,15 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
+from capture_proxy.episodes import CorruptLineWarning
 from capture_proxy.store import TraceStore
-from evaluation.collect import CollectConfig, CorruptLineWarning, DatasetMisaligned, run_collect
+from evaluation.collect import CollectConfig, DatasetMisaligned, run_collect
 from harbor_rl.cli import app
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
 from tasks import load_dataset_spec
 
 pytestmark = pytest.mark.timeout(600)
 HARBOR = shutil.which("harbor") or "harbor"
-TASKS = load_dataset_spec(str(ENV_TASKS_DIR)).ids
+TASKS = load_dataset_spec("env-tasks").ids
 """The built-in white-box tasks in dataset order: episode i runs TASKS[i % len(TASKS)]."""
 
 
@@ -110,9 +110,7 @@ def test_killed_collect_resumes_with_the_same_ids_on_the_same_tasks(tmp_path, ru
 
 async def test_corrupt_line_is_skipped_with_a_warning_and_rerun(tmp_path, runs_dir, store_url):
     out = tmp_path / "sft"
-    config = CollectConfig(
-        provider="scripted", datasets=[str(ENV_TASKS_DIR)], num_episodes=3, harness="env-factory"
-    )
+    config = CollectConfig(provider="scripted", datasets=["env-tasks"], num_episodes=3, harness="env-factory")
     await run_collect(config, out_dir=out, store_url=store_url)
     results = out / "results.jsonl"
     lines = results.read_text().splitlines()
@@ -130,7 +128,7 @@ async def test_corrupt_line_is_skipped_with_a_warning_and_rerun(tmp_path, runs_d
 
 async def test_resume_refuses_a_file_planned_for_other_tasks(tmp_path, runs_dir, store_url):
     out = tmp_path / "sft"
-    config = CollectConfig(provider="scripted", datasets=[str(ENV_TASKS_DIR)], num_episodes=2)
+    config = CollectConfig(provider="scripted", datasets=["env-tasks"], num_episodes=2)
     await run_collect(config, out_dir=out, store_url=store_url)
     only_wordle = config.model_copy(update={"task_globs": ["wordle-*"]})
     with pytest.raises(DatasetMisaligned, match="episode-000000 holds task 'echo-hello-world'"):
@@ -142,7 +140,7 @@ async def test_resume_refuses_a_file_planned_for_other_tasks(tmp_path, runs_dir,
 async def test_should_keep_drops_losses_and_resume_does_not_rerun_them(tmp_path, runs_dir, store_url):
     out = tmp_path / "sft"
     # A bar no scripted episode reaches: every episode is dropped and remembered in metadata.json.
-    config = CollectConfig(provider="scripted", datasets=[str(ENV_TASKS_DIR)], num_episodes=2, min_reward=5.0)
+    config = CollectConfig(provider="scripted", datasets=["env-tasks"], num_episodes=2, min_reward=5.0)
     summary = await run_collect(config, out_dir=out, store_url=store_url)
     assert (summary.written, summary.dropped) == (0, 2)
     assert json.loads((out / "metadata.json").read_text())["dropped_ids"] == [
@@ -170,7 +168,7 @@ async def test_openai_provider_uses_the_given_endpoint(tmp_path, runs_dir, store
         CollectConfig(provider="openai", datasets=["builtin"])
     async with scripted_teacher() as url:
         config = CollectConfig(
-            provider="openai", llm_url=url, model="teacher-x", datasets=[str(ENV_TASKS_DIR)], num_episodes=1
+            provider="openai", llm_url=url, model="teacher-x", datasets=["env-tasks"], num_episodes=1
         )
         summary = await run_collect(config, out_dir=tmp_path / "sft", store_url=store_url)
     assert summary.written == 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 from evaluation.jobs import EvalConfig
 from evaluation.runner import run_eval
 from evaluation.scripted import SCRIPTED_MODEL, scripted_teacher
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
 from tasks import load_dataset_spec
 
 
@@ -16,14 +15,14 @@ async def test_env_factory_eval_against_a_text_only_endpoint(tmp_path, runs_dir,
 
     async with scripted_teacher() as url:
         config = EvalConfig(
-            datasets=[str(ENV_TASKS_DIR)],
+            datasets=["env-tasks"],
             harness="env-factory",
             llm_url=url,
             model=SCRIPTED_MODEL,
             attempts=2,
         )
         summary = await run_eval(config, jobs_dir=tmp_path / "jobs", job_name="wb", store_url=store_url)
-    tasks = load_dataset_spec(str(ENV_TASKS_DIR)).ids
+    tasks = load_dataset_spec("env-tasks").ids
     assert summary.complete and summary.scores.trials == 2 * len(tasks)
     assert summary.scores.pass_rate == 1.0 and summary.scores.pass_at_k == {"1": 1.0, "2": 1.0}
     assert summary.errors_by_kind == {}

@@ -9,7 +9,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from evaluation.scripted import NO_SCRIPT, echo_move, scripted_teacher, wordle_move
-from harnesses.env_factory.builtin.wordle import MAX_GUESSES, WORDS, WordleEnv
+from tasks.environments.wordle import MAX_GUESSES, WORDS, WordleEnv
 
 
 def _play_wordle(secret: str) -> WordleEnv:

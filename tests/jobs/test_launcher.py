@@ -26,7 +26,7 @@ from harbor_rl.jobs import (
     run_plan,
 )
 from harbor_rl.jobs.launcher import Stopped, stop_on_sigterm
-from harbor_server.testing import free_port
+from harbor_server.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = """

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harbor_server.testing import free_port
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
+from harbor_server.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_run_on_host_trains_one_step_through_its_own_engine_and_server(tmp_path) -> None:
     config = {
         "run_name": "run-on-host-test", "model": "tiny", "engine": {"kind": "embedded", "port": free_port()},
-        "sandbox": "local", "harness": "env-factory", "dataset": [str(ENV_TASKS_DIR)], "port": free_port(),
+        "sandbox": "local", "harness": "env-factory", "dataset": ["env-tasks"], "port": free_port(),
         "capture_port": free_port(), "work_dir": str(tmp_path / "job"), "num_gpus": 1,
         "trainer": {"max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 2,
                     "max_concurrent_rollouts": 2, "max_completion_length": 16, "eval_episodes": 0,

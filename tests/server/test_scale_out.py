@@ -30,7 +30,6 @@ from capture_proxy.validation import fatal, validate_trace
 from harbor_server.client import AsyncHarborSessionFactory, HarborSessionFactory, server_urls
 from harbor_server.config import ServeConfig
 from harbor_server.errors import CapacityExceeded, ServerUnreachable
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
 from tests.postgres import scratch_schema_url
 from tests.server.conftest import UNUSED_ENGINE, free_port, make_config, running_server
 from tests.server.scripted import SERVER_KWARGS
@@ -172,7 +171,7 @@ def serve_processes(store_url: str, llm_url: str, server_ids: list[str], folder:
             port, log = free_port(), folder / f"{server_id}.log"
             command = [
                 sys.executable, "-c", "from harbor_rl.cli import app; app()", "serve",
-                "--dataset", str(ENV_TASKS_DIR), "--llm-url", llm_url, "--model", "tiny", "--sandbox", "local",
+                "--dataset", "env-tasks", "--llm-url", llm_url, "--model", "tiny", "--sandbox", "local",
                 "--port", str(port), "--capture-port", str(free_port()), "--capture-host", "127.0.0.1",
                 "--store", store_url, "--server-id", server_id, "--max-concurrent-envs", "4",
                 "--skip-engine-check",
@@ -213,7 +212,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> Path:
-    from trainer.engine.tiny_model import build_tiny_model
+    from engine.tiny_model import build_tiny_model
 
     return build_tiny_model(seed=0, cache_dir=tmp_path_factory.mktemp("harbor-cache"))
 
@@ -222,9 +221,9 @@ def tiny_dir(tmp_path_factory) -> Path:
 def test_two_serve_processes_on_one_postgres_store_behind_one_trainer(pg_store_url, tiny_dir, tmp_path):
     import torch
 
+    from engine.tiny_model import load_model_and_tokenizer
     from tests.engine.conftest import engine_app, serve
     from trainer.config import AsyncGRPOConfig
-    from trainer.engine.tiny_model import load_model_and_tokenizer
     from trainer.grpo import HarnessAsyncGRPOTrainer
 
     torch.set_num_threads(1)
@@ -233,7 +232,7 @@ def test_two_serve_processes_on_one_postgres_store_behind_one_trainer(pg_store_u
         serve_processes(pg_store_url, engine_url + "/v1", ["scale-a", "scale-b"], tmp_path) as urls,
     ):
         factory = functools.partial(
-            HarborSessionFactory, urls, split=ENV_TASKS_DIR.name, harness="env-factory",
+            HarborSessionFactory, urls, split="env-tasks", harness="env-factory",
             sandbox="local", llm_url=engine_url + "/v1", model="tiny", agent_timeout_sec=120, capacity_wait_s=60,
         )  # fmt: skip
         with factory() as lister:

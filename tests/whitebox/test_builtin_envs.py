@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harnesses.env_factory import EnvironmentFactory, combine_rewards, compute_rewards
-from harnesses.env_factory.builtin import (
+from tasks import BUILTIN_DIR, load_task
+from tasks.environments import (
     CodingEnv,
     EchoEnv,
     WordleEnv,
@@ -17,8 +18,7 @@ from harnesses.env_factory.builtin import (
     wordle_partial,
     wordle_win,
 )
-from harnesses.env_factory.builtin.wordle import feedback
-from tasks import BUILTIN_DIR, load_task
+from tasks.environments.wordle import feedback
 
 WORDLE_TERMS = [wordle_win, wordle_partial, wordle_invalid]
 

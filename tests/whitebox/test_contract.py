@@ -81,7 +81,7 @@ def test_public_methods_become_tools_with_schemas_from_signature_and_docstring()
 def test_load_by_import_path():
     assert load_environment_class("tests.whitebox.test_contract:Game") is Game
     assert load_environment_class("tests.whitebox.test_contract.Game") is Game
-    factory = EnvironmentFactory("harnesses.env_factory.builtin.wordle:WordleEnv")
+    factory = EnvironmentFactory("tasks.environments.wordle:WordleEnv")
     assert list(factory.tools) == ["guess"]
     with pytest.raises(EnvironmentLoadError, match="cannot import module 'no_such_module'"):
         load_environment_class("no_such_module:Env")

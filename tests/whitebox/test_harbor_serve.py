@@ -19,12 +19,12 @@ import pytest
 
 from harbor_server import HarborSessionFactory
 from harbor_server.config import ServeConfig
-from harbor_server.testing import free_port, running_server
-from harnesses.env_factory.builtin import ENV_TASKS_DIR
+from harbor_server.embedded import free_port, running_server
+from tasks.datasets import ENV_TASKS_DIR
 from tests.engine.scripted_model import build_scripted_model
 from tests.whitebox.conftest import assert_masks_train_only_model_tokens, serve_engine
 
-ENV_SPLIT = ENV_TASKS_DIR.name
+ENV_SPLIT = "env-tasks"
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def broken_dataset(root: Path) -> Path:
 def server(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     config = ServeConfig(
-        datasets=[str(ENV_TASKS_DIR), "builtin", str(broken_dataset(tmp_path))],
+        datasets=["env-tasks", "builtin", str(broken_dataset(tmp_path))],
         model="tiny",
         port=free_port(),
         capture_port=free_port(),

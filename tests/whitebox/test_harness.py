@@ -10,9 +10,10 @@ import pytest
 
 from harnesses import AgentRun, Harness, get_harness
 from harnesses.env_factory import EnvFactoryHarness, LoopConfig
-from harnesses.env_factory.builtin import ENV_TASKS_DIR, EchoEnv, echo_reward
 from harnesses.env_factory.harness import ENV_REWARD_PATH, TRANSCRIPT_PATH
 from tasks import load_task
+from tasks.datasets import ENV_TASKS_DIR
+from tasks.environments import EchoEnv, echo_reward
 
 
 def completion_messages(environments, completions, prompts, **kwargs):
@@ -73,7 +74,7 @@ async def test_runs_a_python_class_and_writes_the_environment_reward(proxy, imit
     reward = json.loads(await sandbox.download_file(ENV_REWARD_PATH))
     assert reward == {"reward": 1.0 + 0.25 * 2, "echo_reward": 1.0, "completion_messages": 2.0}
     transcript = json.loads(await sandbox.download_file(TRANSCRIPT_PATH))
-    assert transcript["environment"] == "harnesses.env_factory.builtin.echo:EchoEnv"
+    assert transcript["environment"] == "tasks.environments.echo:EchoEnv"
     assert [m["role"] for m in transcript["messages"]] == ["user", "assistant", "tool"]
     assert len(proxy.trace(session.session_id)["turns"]) == 1
 
@@ -91,8 +92,6 @@ async def test_no_reward_writes_no_reward_file(proxy, imitation, sandbox):
 
 async def test_a_bad_spec_in_task_metadata_is_the_harness_error(proxy, imitation, sandbox):
     session = proxy.session(imitation.url, "imitation-model")
-    metadata = {
-        "env_factory": {"environment": "harnesses.env_factory.builtin.echo:EchoEnv", "loop": {"bogus": 1}}
-    }
+    metadata = {"env_factory": {"environment": "tasks.environments.echo:EchoEnv", "loop": {"bogus": 1}}}
     outcome = await EnvFactoryHarness().run(sandbox, agent_run(session, task_metadata=metadata))
     assert "[metadata.env_factory] is invalid" in outcome.error and "bogus" in outcome.error

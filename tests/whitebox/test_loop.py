@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from harnesses.env_factory import EnvironmentFactory, EpisodeError, LoopConfig, run_episode
-from harnesses.env_factory.builtin import EchoEnv, WordleEnv
+from tasks.environments import EchoEnv, WordleEnv
 from tests.whitebox.conftest import assert_masks_train_only_model_tokens
 
 MODEL = "imitation-model"
