@@ -6,9 +6,20 @@
     session = factory.create(0, seed=1, episode_id="g0-0")
     session.verify().env_reward            # 1.0 (None would mean unscoreable)
 
-The server side (`harbor_server.server.HarborServer`, `harbor_server.app`) is imported on demand, so
-a trainer that only uses the client does not load FastAPI, the sandboxes or the tasks.
+The server side is public API too, imported on first use so a trainer that only uses the client does
+not load FastAPI, the sandboxes or the tasks:
+
+    from harbor_server import ServeConfig, running_server, free_port
+    with running_server(ServeConfig(datasets=["builtin"], port=free_port(), ...)) as server:
+        factory = HarborSessionFactory(server.url, ...)
+
+`HarborServer` (what `harbor serve` runs), `running_server` / `ServerThread` (the same server in a
+background thread of this process, as `harbor train` and `harbor eval` start it), `free_port`, and
+`load_datasets` (the `--dataset` specs as splits).
 """
+
+import importlib
+from typing import Any
 
 from harbor_server.client import (
     AsyncHarborClient,
@@ -32,6 +43,21 @@ from harbor_server.errors import (
 )
 from harbor_server.models import RolloutRequest, RolloutResult, RolloutState, ServerInfo
 
+_SERVER_SIDE = {
+    "HarborServer": "harbor_server.server",
+    "load_datasets": "harbor_server.server",
+    "ServerThread": "harbor_server.embedded",
+    "free_port": "harbor_server.embedded",
+    "running_server": "harbor_server.embedded",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SERVER_SIDE:
+        return getattr(importlib.import_module(_SERVER_SIDE[name]), name)
+    raise AttributeError(f"module 'harbor_server' has no attribute {name!r}")
+
+
 __all__ = [
     "AsyncHarborClient",
     "AsyncHarborSession",
@@ -40,6 +66,7 @@ __all__ = [
     "CapacityExceeded",
     "EngineCheckFailed",
     "HarborClient",
+    "HarborServer",
     "HarborServerError",
     "HarborSession",
     "HarborSessionFactory",
@@ -49,8 +76,12 @@ __all__ = [
     "RolloutResult",
     "RolloutState",
     "ServeConfig",
+    "ServerThread",
     "ServerInfo",
     "ServerUnreachable",
     "TraceNotTrainable",
     "VerifyResult",
+    "free_port",
+    "load_datasets",
+    "running_server",
 ]

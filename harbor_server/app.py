@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,7 +32,8 @@ from harbor_server.models import (
 
 if TYPE_CHECKING:
     from capture_proxy.service import CaptureService
-    from harbor_server.server import HarborServer
+    from harbor_server.rollouts import RolloutManager
+    from tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,17 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def create_api_app(server: HarborServer) -> FastAPI:
+class ServedRollouts(Protocol):
+    """What the trainer-facing API needs of the server (HarborServer is one)."""
+
+    version: str
+    manager: RolloutManager
+
+    async def info(self) -> ServerInfo: ...
+    def task_info(self, split: str, task: Task, index: int) -> TaskInfo: ...
+
+
+def create_api_app(server: ServedRollouts) -> FastAPI:
     """The trainer-facing REST API over `server` (already started, or started by the caller)."""
     app = FastAPI(
         title="Harbor-RL rollout server",

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from harbor_server.config import ServeConfig
-from harbor_server.testing import ServerThread, free_port, running_server
+from harbor_server.embedded import ServerThread, free_port, running_server
 
 __all__ = ["ServerThread", "free_port", "make_config", "running_server"]
 

@@ -8,9 +8,9 @@ from pydantic import ValidationError
 from capture_proxy.models import SamplingParams
 from harbor_server.client import HarborClient, HarborSessionFactory, task_selector, verify_result
 from harbor_server.config import ServeConfig
+from harbor_server.embedded import free_port
 from harbor_server.errors import ServerUnreachable
 from harbor_server.models import RolloutRequest, RolloutResult
-from harbor_server.testing import free_port
 
 
 def test_max_concurrent_envs_from_env(monkeypatch):

@@ -1,4 +1,5 @@
-"""A real `harbor serve` on a background thread, for tests, benchmarks and notebooks.
+"""`harbor serve` inside this process, on a background thread: how `harbor train`, `harbor eval` and
+`harbor collect` start their server, and what tests, benchmarks and notebooks use.
 
     with running_server(ServeConfig(datasets=["builtin"], port=free_port(), capture_port=free_port(),
                                     llm_url=url, model="tiny", store_url="sqlite:///tmp/t.db")) as server:
