@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from capture_proxy.validation import Finding
+    from capture_proxy.findings import Finding
 
 
 class CaptureError(Exception):

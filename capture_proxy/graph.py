@@ -25,8 +25,8 @@ import numpy as np
 import orjson
 
 from capture_proxy.errors import InvalidTraceError
+from capture_proxy.findings import Finding, Severity
 from capture_proxy.models import TrainingTrace, TrainingTurn, TurnRole
-from capture_proxy.validation import Finding, Severity
 
 __all__ = ["RolloutGraph", "RolloutNode", "build_rollout_graph", "finalize_trace"]
 

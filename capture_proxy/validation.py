@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from capture_proxy.errors import InvalidTraceError
+from capture_proxy.findings import Finding, Severity, fatal
+from capture_proxy.graph import RolloutGraph, build_rollout_graph
 from capture_proxy.models import SCHEMA_VERSION, TrainingTrace, TrainingTurn
-
-if TYPE_CHECKING:
-    from capture_proxy.graph import RolloutGraph
 
 __all__ = [
     "Finding",
@@ -42,32 +40,6 @@ _GRAPH_BREAKING = frozenset({"duplicate_node_id", "invalid_token_id"})
 """With these the rollout graph cannot be built (nodes are keyed by id, tokens compared as int64)."""
 _MAX_TOKEN_ID = 2**63 - 1
 """Token ids are stored and compared as int64; no vocabulary comes near."""
-
-
-class Severity(StrEnum):
-    FATAL = "FATAL"
-    """The trace cannot be trained on."""
-    WARN = "WARN"
-    """Kept and trainable, but worth a look."""
-    INFO = "INFO"
-
-
-class Finding(BaseModel):
-    """One broken (or noteworthy) rule, and where."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    severity: Severity
-    code: str
-    """Stable identifier of the rule, e.g. `length_mismatch`."""
-    message: str
-    location: str = ""
-    """Where in the trace, e.g. `turns[3].loss_mask[7]`; empty for the trace as a whole."""
-
-
-def fatal(findings: Iterable[Finding]) -> list[Finding]:
-    """The FATAL findings among `findings`."""
-    return [f for f in findings if f.severity == Severity.FATAL]
 
 
 def validate_turn(turn: TrainingTurn | Mapping[str, Any], *, index: int | None = None) -> list[Finding]:
@@ -148,7 +120,6 @@ def _check_trace(
     findings += _trace_rules(trace, turns)
     if model is None or any(f.code in _GRAPH_BREAKING for f in findings):
         return findings, model, None
-    from capture_proxy.graph import build_rollout_graph  # graph imports this module's Finding
 
     graph = build_rollout_graph(model.turns)
     return findings + _graph_findings(graph), model, graph

@@ -25,7 +25,7 @@ from capture_proxy.store.schema import SessionRow, TurnRow
 
 # The store rebuilds prompts stored against an earlier turn (prefix sharing); reuse its exact logic
 # rather than a copy that could drift from how rows are written.
-from capture_proxy.store.store import _record, _turns
+from capture_proxy.store.store import record_from_row, turns_from_rows
 from inspector.errors import RolloutNotFound
 
 NO_RUN = "(no run)"
@@ -264,11 +264,11 @@ def load_rollout(engine: Engine, session_id: str) -> StoredRollout:
         row = s.get(SessionRow, session_id)
         if row is None:
             raise RolloutNotFound(session_id)
-        record = _record(row)
+        record = record_from_row(row)
         turn_rows = s.scalars(
             select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.seq)
         ).all()
-        return StoredRollout(record=record, turns=_turns(session_id, turn_rows))
+        return StoredRollout(record=record, turns=turns_from_rows(session_id, turn_rows))
 
 
 def distinct_values(engine: Engine, column: Literal["dataset", "harness", "task_id", "run"]) -> list[str]:

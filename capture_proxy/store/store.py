@@ -62,7 +62,7 @@ class _TurnSQL:
         return tuple(values[k] for k in self._insert_order) if self._insert_order else values
 
 
-def _record(row: SessionRow) -> SessionRecord:
+def record_from_row(row: SessionRow) -> SessionRecord:
     return SessionRecord.model_validate({name: getattr(row, _ROW_ATTR.get(name, name)) for name in _FIELDS})
 
 
@@ -99,7 +99,7 @@ def _turn_values(
     return values, prefix.Base(seq, prompt + completion)
 
 
-def _turns(session_id: str, rows: Sequence[TurnRow]) -> list[TrainingTurn]:
+def turns_from_rows(session_id: str, rows: Sequence[TurnRow]) -> list[TrainingTurn]:
     """Rebuild a session's turns from its rows in seq order (each prompt's base comes earlier)."""
     needed = {row.prompt_base_seq for row in rows if row.prompt_base_seq is not None}
     tokens: dict[int, bytes] = {}  # prompt + completion of turns that later prompts share from
@@ -208,12 +208,12 @@ class TraceStore:
             row = s.get(SessionRow, session_id)
             if row is None:
                 raise SessionNotFound(session_id)
-            return _record(row)
+            return record_from_row(row)
 
     def find_session_by_key_hash(self, key_hash: str) -> SessionRecord | None:
         with self._transaction(write=False) as s:
             row = s.scalars(select(SessionRow).where(SessionRow.api_key_hash == key_hash)).one_or_none()
-            return None if row is None else _record(row)
+            return None if row is None else record_from_row(row)
 
     def list_sessions(
         self,
@@ -237,7 +237,7 @@ class TraceStore:
             query = query.where(SessionRow.task_id == task_id)
         query = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc())
         with self._transaction(write=False) as s:
-            return [_record(row) for row in s.scalars(query.limit(limit).offset(offset))]
+            return [record_from_row(row) for row in s.scalars(query.limit(limit).offset(offset))]
 
     def update_session(self, session_id: str, /, **fields: Any) -> SessionRecord:
         """Change some fields and return the updated record.
@@ -254,7 +254,7 @@ class TraceStore:
             row = s.get(SessionRow, session_id, with_for_update=True)
             if row is None:
                 raise SessionNotFound(session_id)
-            current = _record(row)
+            current = record_from_row(row)
             new_status = fields.get("status", current.status)
             _check_transition(session_id, current.status, new_status)
             if new_status != current.status and new_status in TERMINAL_STATUSES:
@@ -361,7 +361,7 @@ class TraceStore:
             if not s.scalar(select(exists().where(SessionRow.session_id == session_id))):
                 raise SessionNotFound(session_id)
             rows = s.scalars(select(TurnRow).where(TurnRow.session_id == session_id).order_by(TurnRow.seq))
-            return _turns(session_id, rows.all())
+            return turns_from_rows(session_id, rows.all())
 
     def close(self) -> None:
         self._engine.dispose()
