@@ -20,7 +20,7 @@ from capture_proxy.models import TrainingTurn
 from harbor_server.config import ServeConfig
 from harbor_server.errors import CapacityExceeded
 from harbor_server.models import RolloutRequest, RolloutResult
-from harbor_server.rollouts import ONE_SHOT_HARNESSES
+from harbor_server.rollout_run import ONE_SHOT_HARNESSES
 from harbor_server.server import HarborServer
 from harbor_server.testing import free_port
 from tasks import Dataset
