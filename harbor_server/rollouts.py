@@ -1,17 +1,15 @@
-"""RolloutManager: one asyncio task per rollout, from capture session to verified, stored result.
+"""RolloutManager: the table of this server's rollouts, its capacity, and the questions asked of it.
 
-A rollout is: create a capture session (its id is the rollout's id) -> start the task's sandbox with
-the harness's image layer -> run the harness under the agent timeout, pointed at the session -> run
-the task's verifier -> write the result into the session's store record -> stop the sandbox (in
-`finally`, so a failure or a cancel never leaks one). The store record is the source of truth: a
-finished rollout is read back from it, which is why results survive a server restart.
+The manager validates a request, takes one of MAX_CONCURRENT_ENVS slots (429 when none is free),
+hands the rollout to `harbor_server.rollout_run.RolloutRunner` for its steps, and answers get /
+list / wait / result / trace / cancel. The store record is the source of truth: a finished rollout
+is read back from it, which is why results survive a server restart.
 
 Two event loops. The server's own loop (the "home" loop) answers HTTP on both ports, holds the
 rollout table and the capture service. Sandbox, harness and verifier work runs on a second loop in
 its own thread (`WorkerLoop`): starting a sandbox process costs milliseconds of the calling thread
 each (fork/exec), and with hundreds of them the home loop would stall health checks and agents'
-model calls. The two meet in few places, each marked: the worker hands results back with
-`call_soon_threadsafe` / `run_coroutine_threadsafe`; store calls go to threads from either side.
+model calls. The runner hands results back across; the manager only queues work onto the worker.
 """
 
 from __future__ import annotations
@@ -20,14 +18,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from capture_proxy.config import normalize_engine_url
-from capture_proxy.errors import InvalidTraceError, ProxyRequestError, SessionNotFound
-from capture_proxy.models import SessionCreate, TrainingTrace
+from capture_proxy.errors import InvalidTraceError, SessionNotFound
+from capture_proxy.models import TrainingTrace
 from capture_proxy.service import CaptureService
 from capture_proxy.store import SessionRecord, TraceStore
 from harbor_server.config import ServeConfig
@@ -43,82 +39,22 @@ from harbor_server.errors import (
 from harbor_server.models import (
     TERMINAL_STATUSES,
     Capacity,
-    RolloutPhase,
     RolloutRequest,
     RolloutResult,
     RolloutState,
     RolloutStatus,
 )
-from harnesses import AgentOutcome, AgentRun, Harness, UnknownHarness, get_harness, harness_names
-from sandboxes import BACKENDS, Sandbox, SandboxBackend, get_backend
-from sandboxes.errors import SandboxError, SandboxUnavailable
-from tasks import Dataset, Task, TaskNotFound, verify
+from harbor_server.rollout_run import ROLLOUT_KEY, LiveRollout, RolloutRunner
+from harnesses import Harness, UnknownHarness, get_harness, harness_names
+from sandboxes import BACKENDS, SandboxBackend, get_backend
+from sandboxes.errors import SandboxUnavailable
+from tasks import Dataset, Task, TaskNotFound
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_KEY = "rollout"
-"""Key of the session record's metadata under which the server keeps a rollout's own facts."""
-ONE_SHOT_HARNESSES = frozenset({"nop", "oracle"})
-"""Harnesses that make no model calls; every other harness drives a multi-step agent."""
-AGENT_TIMEOUT_GRACE_S = 60.0
-"""Harnesses enforce the agent timeout inside the sandbox; this backstop fires that much later."""
-RECANCEL_INTERVAL_S = 1.0
-"""A cancelled rollout whose task is still running after this long is cancelled again."""
 RESTART_REASON = "the server stopped while this rollout was running (restart or crash)"
-LOG_TAIL_CHARS = 4000
 
 HarnessFactory = Callable[[str], Harness]
-
-
-@dataclass
-class _Live:
-    """A rollout this process is running."""
-
-    rollout_id: str
-    request: RolloutRequest
-    task: Task
-    harness: Harness
-    backend_name: str
-    llm_url: str
-    model: str
-    agent_key: str
-    created_at: float
-    meta: dict[str, Any]
-    phase: RolloutPhase = "starting"
-    runner: asyncio.Task | None = None
-    """The rollout's task on the worker loop (touch it only from there)."""
-    started: bool = False
-    """Set by the worker when the task's body begins (a task cancelled before that never runs it)."""
-    sandbox: Sandbox | None = None
-    cancel_reason: str | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set on the home loop once the result is stored."""
-
-    def state(self) -> RolloutState:
-        return RolloutState(
-            rollout_id=self.rollout_id,
-            status="running",
-            phase=self.phase,
-            task_id=self.task.id,
-            split=self.request.split,
-            harness=self.request.harness,
-            sandbox=self.backend_name,
-            created_at=self.created_at,
-        )
-
-
-@dataclass
-class _Ending:
-    """What the rollout's run found out, written to the store when it ends."""
-
-    status: RolloutStatus = "failed"
-    reward: float | None = None
-    rewards: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    timed_out: bool = False
-    outcome: AgentOutcome | None = None
-    verifier_output: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 def result_from_record(record: SessionRecord) -> RolloutResult:
@@ -164,10 +100,6 @@ def state_from_record(record: SessionRecord) -> RolloutState:
         finished_at=record.finished_at,
         result=result_from_record(record) if done else None,
     )
-
-
-def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
-    return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
 
 class WorkerLoop:
@@ -220,12 +152,13 @@ class RolloutManager:
         self._backends: dict[str, SandboxBackend] = dict(backends or {})
         self._harness_factory = harness_factory
         self._harness_list = harness_list
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, LiveRollout] = {}
         self._reserved = 0
         """Slots taken by requests still creating their session (so a burst cannot overshoot capacity)."""
         self._closing = False
         self._home: asyncio.AbstractEventLoop | None = None
         self._worker = WorkerLoop()
+        self._runner = RolloutRunner(config, store=store, service=service, on_done=self._mark_done)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -233,6 +166,7 @@ class RolloutManager:
         """Mark rollouts a previous run of this server (same server id) left running as failed; returns
         how many there were."""
         self._home = asyncio.get_running_loop()
+        self._runner.home = self._home
         self._worker.start()
         # Only this server's own leftovers: other servers sharing the store may be running theirs.
         orphans = await asyncio.to_thread(
@@ -356,23 +290,6 @@ class RolloutManager:
             )
         return llm_url, model
 
-    def _agent_base_url(self, backend_name: str, sandbox: Sandbox) -> str:
-        """The capture port as the agent inside `sandbox` reaches it (remote backends: a public URL)."""
-        public = getattr(sandbox, "proxy_url", None)
-        if public:
-            return normalize_engine_url(public)
-        if backend_name == "e2b":
-            raise BadRolloutRequest(
-                "e2b sandboxes need --expose direct --public-url URL (the capture port's URL)"
-            )
-        return f"http://{sandbox.proxy_host}:{self.config.capture_port}/v1"
-
-    def _host_base_url(self) -> str:
-        """The capture port as this host reaches it (env-factory runs its loop here, not in the sandbox)."""
-        host = self.config.capture_host
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        return f"http://{host}:{self.config.capture_port}/v1"
-
     async def submit(self, request: RolloutRequest) -> RolloutState:
         """Validate, take a slot (429 when none is free), create the capture session, start the task."""
         if self._closing:
@@ -380,7 +297,7 @@ class RolloutManager:
         task = self._resolve_task(request)
         harness = self._resolve_harness(request.harness, task)
         backend_name = request.sandbox or self.config.sandbox
-        self.backend(backend_name)
+        backend = self.backend(backend_name)
         if backend_name == "e2b" and self.config.public_url is None:
             raise BadRolloutRequest(
                 "e2b sandboxes need --expose direct --public-url URL (the capture port's URL)"
@@ -393,250 +310,19 @@ class RolloutManager:
             )
         self._reserved += 1
         try:
-            live = await self._open_session(request, task, harness, backend_name, llm_url, model)
+            live = await self._runner.open_session(
+                request, task, harness, backend_name, backend, llm_url, model
+            )
         finally:
             self._reserved -= 1
         self._live[live.rollout_id] = live
-        self._worker.call(self._spawn, live)
+        self._worker.call(self._runner.spawn, live)
         return live.state()
 
-    # -- on the worker loop ----------------------------------------------------------------------
-
-    def _spawn(self, live: _Live) -> None:
-        live.runner = asyncio.get_running_loop().create_task(
-            self._run(live), name=f"rollout-{live.rollout_id}"
-        )
-        live.runner.add_done_callback(lambda _: self._finish_unstarted(live))
-
-    def _finish_unstarted(self, live: _Live) -> None:
-        """A task cancelled before its first step never runs its body: record it here instead."""
-        if not live.started:
-            ending = _Ending(status="cancelled", error=live.cancel_reason or "cancelled")
-            asyncio.ensure_future(self._finish(live, None, ending, time.monotonic()))
-
-    def _cancel_on_worker(self, live: _Live) -> None:
-        """Cancel the rollout's task, and again each second until its cleanup begins: code below us
-        (a library's `asyncio.wait_for` on Python 3.11, gh-86296) may swallow one cancel."""
-        runner = live.runner
-        if runner is None or runner.done() or live.phase == "stopping":
-            return
-        runner.cancel()
-        asyncio.get_running_loop().call_later(RECANCEL_INTERVAL_S, self._cancel_on_worker, live)
-
-    async def _open_session(
-        self,
-        request: RolloutRequest,
-        task: Task,
-        harness: Harness,
-        backend_name: str,
-        llm_url: str,
-        model: str,
-    ) -> _Live:
-        meta = {
-            "split": request.split,
-            "task_index": request.task_index,
-            "episode_id": request.episode_id,
-            "seed": request.seed,
-            "metadata": request.metadata,
-        }
-        spec = SessionCreate(
-            llm_url=llm_url,
-            model=model,
-            api_key=self.config.llm_api_key if request.llm_url is None else None,
-            sampling=request.sampling,
-            purpose=request.purpose,
-            max_model_calls=request.agent_step_limit,
-            # A harness may declare that one model call can be a whole rollout (env-factory does).
-            multi_step_task=request.harness not in ONE_SHOT_HARNESSES
-            and getattr(harness, "multi_step_task", True),
-            metadata={ROLLOUT_KEY: meta},
-        )
-        try:
-            created = await self.service.create_session(
-                spec,
-                # Where a sandbox reaches us is only known once it runs; the agent gets that URL.
-                base_url=f"http://127.0.0.1:{self.config.capture_port}/v1",
-                task_id=task.id,
-                harness=request.harness,
-                sandbox=backend_name,
-                owner=self.config.server_id,
-            )
-        except ProxyRequestError as exc:
-            raise BadRolloutRequest(exc.message, status=exc.status if exc.status < 500 else 400) from exc
-        return _Live(
-            rollout_id=created.session_id,
-            request=request,
-            task=task,
-            harness=harness,
-            backend_name=backend_name,
-            llm_url=llm_url,
-            model=model,
-            agent_key=created.api_key,
-            created_at=time.time(),
-            meta=meta,
-        )
-
-    # -- running ---------------------------------------------------------------------------------
-
-    async def _run(self, live: _Live) -> None:
-        live.started = True
-        ending = _Ending()
-        started = time.monotonic()
-        sandbox: Sandbox | None = None
-        try:
-            live.phase = "sandbox"
-            sandbox = await self._start_sandbox(live, ending)
-            _raise_if_cancelled(live)
-            live.phase = "agent"
-            await self._run_agent(live, sandbox, ending)
-            if ending.status != "failed":
-                live.phase = "verifying"
-                await self._verify(live, sandbox, ending)
-        except asyncio.CancelledError:
-            ending.status, ending.error = "cancelled", live.cancel_reason or "cancelled"
-            ending.reward, ending.rewards = None, {}
-        except HarborServerError as exc:
-            ending.status, ending.error = "failed", exc.message
-        except Exception as exc:  # a rollout's failure is its result, never the server's crash
-            log.exception("rollout %s failed", live.rollout_id)
-            ending.status, ending.error = "failed", f"{type(exc).__name__}: {exc}"
-        finally:
-            live.phase = "stopping"
-            # Cleanup runs in its own task: a second cancel of this one cannot interrupt it.
-            cleanup = asyncio.ensure_future(self._finish(live, sandbox, ending, started))
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(cleanup)
-
-    async def _start_sandbox(self, live: _Live, ending: _Ending) -> Sandbox:
-        t0 = time.monotonic()
-        spec = live.task.sandbox_spec(f"harbor-{live.rollout_id[:16]}", proxy_port=self.config.capture_port)
-        # May fetch the harness's pinned packages on first use (pip download, npm pack): off the loop.
-        layer = await asyncio.to_thread(live.harness.image_layer)
-        if layer is not None:
-            spec.image_layers.append(layer)
-        try:
-            sandbox = await self.backend(live.backend_name).start(spec)
-        except SandboxError as exc:
-            raise HarborServerError(f"sandbox {live.backend_name!r} did not start: {exc}") from exc
-        finally:
-            ending.timings["sandbox_start"] = time.monotonic() - t0
-        live.sandbox = sandbox
-        return sandbox
-
-    async def _run_agent(self, live: _Live, sandbox: Sandbox, ending: _Ending) -> None:
-        request, task = live.request, live.task
-        timeout_s = request.agent_timeout_sec or task.config.agent.timeout_sec
-        run = AgentRun(
-            instruction=task.instruction,
-            base_url=self._agent_base_url(live.backend_name, sandbox),
-            api_key=live.agent_key,
-            model=live.model,
-            workdir=task.config.environment.workdir,
-            timeout_s=timeout_s,
-            step_limit=request.agent_step_limit,
-            purpose=request.purpose,
-            solution_dir=task.paths.solution_dir if task.paths.has_solution else None,
-            extra={
-                "seed": request.seed,
-                "episode_id": request.episode_id,
-                "rollout_id": live.rollout_id,
-                "task_metadata": task.config.metadata,  # env-factory reads [metadata.env_factory]
-                "host_base_url": self._host_base_url(),  # for harnesses whose loop runs on this host
-            },
-        )
-        t0 = time.monotonic()
-        await sandbox.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier"], user="root", timeout_s=30.0)
-        _raise_if_cancelled(live)
-        try:
-            async with asyncio.timeout(timeout_s + AGENT_TIMEOUT_GRACE_S):
-                outcome = await live.harness.run(sandbox, run)
-        except TimeoutError:
-            outcome = AgentOutcome(
-                timed_out=True, log_tail=f"the harness did not return within {timeout_s:.0f} s"
-            )
-        finally:
-            ending.timings["agent"] = time.monotonic() - t0
-        ending.outcome = outcome
-        ending.timed_out = outcome.timed_out
-        if outcome.error is not None:
-            # The harness itself failed (not the agent's attempt): scoring the untouched task would be
-            # a false 0, so the rollout is unscoreable.
-            ending.status, ending.error = "failed", f"harness {request.harness!r} failed: {outcome.error}"
-        else:
-            ending.status = "timed_out" if outcome.timed_out else "completed"
-
-    async def _verify(self, live: _Live, sandbox: Sandbox, ending: _Ending) -> None:
-        t0 = time.monotonic()
-        result = await verify(sandbox, live.task)
-        ending.timings["verifier"] = time.monotonic() - t0
-        ending.reward, ending.rewards = result.reward, dict(result.rewards)
-        ending.verifier_output = _tail(result.stdout + result.stderr)
-        if result.reward is None:
-            ending.error = f"verifier gave no reward: {result.error}"
-        if not result.ran:  # the sandbox died under the rollout: a failure, not a finished attempt
-            ending.status = "failed"
-        record = await asyncio.to_thread(self.store.get_session, live.rollout_id)
-        if record.error is not None:
-            # An engine call failed mid-rollout: what the verifier saw is not the policy's work.
-            ending.status, ending.reward = "failed", None
-            ending.error = f"rollout unscoreable, a model call failed: {record.error}"
-
-    async def _finish(self, live: _Live, sandbox: Sandbox | None, ending: _Ending, started: float) -> None:
-        try:
-            if sandbox is not None:
-                ending.timings["sandbox_stop"] = await self._stop_sandbox(live, sandbox)
-            ending.timings["total"] = time.monotonic() - started
-            await self._persist(live, ending)
-        except Exception:
-            log.exception("could not record the end of rollout %s", live.rollout_id)
-        finally:
-            self._on_home(self._mark_done, live)
-
-    def _on_home(self, callback, *args) -> None:
-        assert self._home is not None
-        self._home.call_soon_threadsafe(callback, *args)
-
-    def _mark_done(self, live: _Live) -> None:  # home loop
+    def _mark_done(self, live: LiveRollout) -> None:  # home loop
         live.phase = "done"
         self._live.pop(live.rollout_id, None)
         live.done.set()
-
-    async def _stop_sandbox(self, live: _Live, sandbox: Sandbox) -> float:
-        t0 = time.monotonic()
-        try:
-            async with asyncio.timeout(self.config.sandbox_stop_timeout_s):
-                await sandbox.stop()
-        except Exception as exc:
-            log.error("sandbox of rollout %s did not stop cleanly: %r", live.rollout_id, exc)
-        return time.monotonic() - t0
-
-    async def _persist(self, live: _Live, ending: _Ending) -> None:
-        outcome = ending.outcome or AgentOutcome()
-        facts = dict(live.meta) | {
-            "timed_out": ending.timed_out,
-            "tool_calls_by_name": dict(outcome.tool_calls_by_name),
-            "tool_failures": outcome.tool_failures,
-            "agent_exit_code": outcome.exit_code,
-            "agent_log_tail": _tail(outcome.log_tail),
-            "verifier_output": ending.verifier_output,
-            "timings": {k: round(v, 4) for k, v in ending.timings.items()},
-        }
-        record = await asyncio.to_thread(self.store.get_session, live.rollout_id)
-        fields: dict[str, Any] = {
-            "status": ending.status,
-            "reward": ending.reward,
-            "rewards": ending.rewards,
-            "metadata": dict(record.metadata) | {ROLLOUT_KEY: facts},
-        }
-        if ending.error is not None or record.error is None:
-            fields["error"] = ending.error
-        await asyncio.to_thread(self.store.update_session, live.rollout_id, **fields)
-        # Let the capture service (home loop) know: the session key stops working.
-        assert self._home is not None
-        closing = asyncio.run_coroutine_threadsafe(
-            self.service.close_session(live.rollout_id, ending.status), self._home
-        )
-        await asyncio.wrap_future(closing)
 
     # -- asking about rollouts -------------------------------------------------------------------
 
@@ -704,15 +390,8 @@ class RolloutManager:
         await live.done.wait()
         return await self.get(rollout_id)
 
-    def _cancel(self, live: _Live, reason: str) -> None:
+    def _cancel(self, live: LiveRollout, reason: str) -> None:
         if live.cancel_reason is None:
             live.cancel_reason = reason
-            # Queued after `_spawn` on the worker, so the task exists by then.
-            self._worker.call(self._cancel_on_worker, live)
-
-
-def _raise_if_cancelled(live: _Live) -> None:
-    """A cancel swallowed inside a short sandbox step is repeated within a second, but the next step
-    may have begun by then; the request is also recorded on `live`, so check it between steps."""
-    if live.cancel_reason is not None:
-        raise asyncio.CancelledError(live.cancel_reason)
+            # Queued after `spawn` on the worker, so the task exists by then.
+            self._worker.call(self._runner.cancel_on_worker, live)
