@@ -10,11 +10,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine.errors import ModelNotFound
-from engine.protocol import Defaults, TokenNamer
+from engine.protocol import TokenNamer
+from engine.sampling_params import Defaults
 from engine.scheduler import BatchScheduler
 from engine.weight_transfer import WeightReceiver
-
-VERSION_HEADER = "x-policy-version"
 
 
 class EngineConfig(BaseModel):

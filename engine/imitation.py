@@ -1,6 +1,7 @@
 """A faithful local imitation of vLLM's OpenAI server, for tests and benchmarks where no GPU runs vLLM.
 
-It speaks the wire protocol of vLLM >= 0.22 as `vllm/entrypoints/openai/chat_completion/protocol.py`
+It speaks the wire protocol of vLLM >= 0.22 (the shapes `engine.protocol` defines for the embedded
+engine too) as `vllm/entrypoints/openai/chat_completion/protocol.py`
 and its serving code produce it: top-level `prompt_token_ids` and per-choice `token_ids` when asked for
 `return_token_ids`, logprobs whose `token` reads `token_id:N` (the server's
 `--return-tokens-as-token-ids`), hermes-style tool calls, streamed chunks whose first carries the prompt
@@ -34,11 +35,19 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response, StreamingResponse
 
+from engine.protocol import (
+    POLICY_VERSION_HEADER,
+    VLLM_ONLY_FIELDS,
+    error_body,
+    new_id,
+    now,
+    token_id_string,
+    usage,
+)
+
 IM_START, IM_END = 1, 2
 BYTE_OFFSET = 3
 VOCAB_SIZE = 256 + BYTE_OFFSET
-POLICY_VERSION_HEADER = "x-policy-version"
-VLLM_ONLY_FIELDS = frozenset({"return_token_ids", "top_k", "min_p", "repetition_penalty"})
 
 Failure = Literal[
     "http_500", "http_400", "cut", "hang", "no_token_ids", "no_logprobs", "token_mismatch", "stream_error"
@@ -214,7 +223,7 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
         return {} if pv is None else {POLICY_VERSION_HEADER: str(pv)}
 
     def error(status: int, message: str, kind: str) -> Response:
-        body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+        body = error_body(message, kind, status)
         return Response(
             orjson.dumps(body), status_code=status, media_type="application/json", headers=headers()
         )
@@ -279,10 +288,10 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
     async def models() -> Response:
         cfg = s()
         card = {
-            "id": cfg.model, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": cfg.model,
+            "id": cfg.model, "object": "model", "created": now(), "owned_by": "vllm", "root": cfg.model,
             "parent": None, "max_model_len": 32768,
             "permission": [{
-                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": int(time.time()),
+                "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": now(),
                 "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
                 "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
                 "group": None, "is_blocking": False,
@@ -320,7 +329,7 @@ def _wants_ids(body: dict, cfg: ImitationSettings) -> bool:
 def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
     if cfg.token_id_strings:
         shown = tid + 1 if (cfg.fail == "token_mismatch" and i == 0) else tid
-        return f"token_id:{shown}"
+        return token_id_string(shown)
     return decode_token(tid)
 
 
@@ -331,7 +340,7 @@ def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int) -> dict:
     entries = [{"token": tok, "logprob": lp, "bytes": list(decoded.encode())}] if top else []
     for k in range(1, top):
         alt = (tid + k) % VOCAB_SIZE
-        alt_tok = f"token_id:{alt}" if cfg.token_id_strings else decode_token(alt)
+        alt_tok = token_id_string(alt) if cfg.token_id_strings else decode_token(alt)
         entries.append({"token": alt_tok, "logprob": lp - k, "bytes": list(decode_token(alt).encode())})
     return {"token": tok, "logprob": lp, "bytes": list(decoded.encode()), "top_logprobs": entries}
 
@@ -341,8 +350,7 @@ def _wants_logprobs(body: dict, cfg: ImitationSettings) -> bool:
 
 
 def _usage(prompt_ids: list[int], comp: _Completion) -> dict:
-    n, m = len(prompt_ids), len(comp.ids)
-    return {"prompt_tokens": n, "total_tokens": n + m, "completion_tokens": m, "prompt_tokens_details": None}
+    return usage(len(prompt_ids), len(comp.ids))
 
 
 def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings) -> dict:
@@ -368,7 +376,7 @@ def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: Im
         "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
     }  # fmt: skip
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(),
         "model": cfg.model, "choices": [choice], "service_tier": None, "system_fingerprint": None,
         "usage": _usage(prompt_ids, comp), "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if wants_ids else None, "prompt_text": None, "kv_transfer_params": None,
@@ -404,7 +412,7 @@ def _completion_response(
         "prompt_token_ids": prompt_ids if wants_ids else None,
     }  # fmt: skip
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": cfg.model,
+        "id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": cfg.model,
         "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt_ids, comp),
         "kv_transfer_params": None,
     }  # fmt: skip
@@ -445,14 +453,7 @@ async def _maybe_fail(cfg: ImitationSettings, sent: int) -> bytes | None:
     if cfg.fail == "cut" and sent >= cfg.fail_after_chunks:
         raise ConnectionAbortedError("imitation: stream cut (injected failure)")
     if cfg.fail == "stream_error" and sent >= cfg.fail_after_chunks:
-        err = {
-            "error": {
-                "message": "imitation: engine error mid-stream",
-                "type": "InternalServerError",
-                "param": None,
-                "code": 500,
-            }
-        }
+        err = error_body("imitation: engine error mid-stream", "InternalServerError", 500)
         return _event(err) + b"data: [DONE]\n\n"
     return None
 
@@ -460,7 +461,7 @@ async def _maybe_fail(cfg: ImitationSettings, sent: int) -> bytes | None:
 async def _chat_stream(
     body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
 ) -> AsyncIterator[bytes]:
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    rid, created = new_id("chatcmpl"), now()
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model}
     wants_ids = _wants_ids(body, cfg)
     wants_lp = _wants_logprobs(body, cfg)
@@ -506,7 +507,7 @@ async def _chat_stream(
 async def _completion_stream(
     body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
 ) -> AsyncIterator[bytes]:
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    rid, created = new_id("cmpl"), now()
     head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model}
     wants_ids = _wants_ids(body, cfg)
     wants_lp = body.get("logprobs") is not None and cfg.fail != "no_logprobs"

@@ -14,9 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import BadRequest
-from engine.sampling import SamplingSettings
-
+POLICY_VERSION_HEADER = "x-policy-version"
+"""Response header with the weight version that sampled the reply (the embedded engine's and the imitation's;
+vLLM itself sends none)."""
+VLLM_ONLY_FIELDS = frozenset({"return_token_ids", "top_k", "min_p", "repetition_penalty"})
+"""Request fields vLLM accepts that OpenAI's API refuses."""
 MAX_TOP_LOGPROBS = 20
 LOGPROB_FLOOR = -9999.0
 """vLLM reports -inf (a filtered token) as -9999.0: JSON has no infinity."""
@@ -31,7 +33,9 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = False
 
 
-class _Sampling(_Request):
+class SamplingFields(_Request):
+    """The sampling fields chat and completion requests share."""
+
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -52,7 +56,7 @@ class _Sampling(_Request):
     repetition_penalty: float | None = 1.0
 
 
-class ChatRequest(_Sampling):
+class ChatRequest(SamplingFields):
     messages: list[Any]
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -64,86 +68,10 @@ class ChatRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
-
-
-class Defaults(BaseModel):
-    """Sampling defaults taken from the model folder's generation_config.json, as vLLM does."""
-
-    max_new_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-
-
-def _check_range(value: float | int | None, name: str, ok: bool, rule: str) -> None:
-    if value is not None and not ok:
-        raise BadRequest(f"{name} must be {rule}, got {value}.", param=name)
-
-
-def sampling_settings(
-    req: _Sampling,
-    *,
-    prompt_len: int,
-    max_model_len: int,
-    defaults: Defaults,
-    max_tokens: int | None,
-    num_logprobs: int | None,
-) -> SamplingSettings:
-    """Validate a request's sampling fields and resolve defaults and the token budget."""
-    _check_range(req.n, "n", req.n >= 1, "at least 1")
-    _check_range(max_tokens, "max_tokens", max_tokens is None or max_tokens >= 1, "at least 1")
-    _check_range(
-        req.temperature, "temperature", req.temperature is None or req.temperature >= 0, "non-negative"
-    )
-    _check_range(req.top_p, "top_p", req.top_p is None or 0 < req.top_p <= 1, "in (0, 1]")
-    _check_range(
-        req.top_k, "top_k", req.top_k is None or req.top_k >= -1, "-1 (disable), 0 (disable) or at least 1"
-    )
-    _check_range(req.min_p, "min_p", req.min_p is None or 0 <= req.min_p <= 1, "in [0, 1]")
-    if num_logprobs is not None and not 0 <= num_logprobs <= MAX_TOP_LOGPROBS:
-        raise BadRequest(
-            f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {num_logprobs}.", param="logprobs"
-        )
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-        value = getattr(req, name)
-        if value is not None and value != neutral:
-            raise BadRequest(
-                f"{name}={value} is not supported by the embedded engine (use {neutral}).", param=name
-            )
-    if prompt_len >= max_model_len:
-        raise BadRequest(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-            param="messages",
-        )
-    room = max_model_len - prompt_len
-    if max_tokens is None:
-        max_tokens = min(room, defaults.max_new_tokens) if defaults.max_new_tokens else room
-    elif max_tokens > room:
-        raise BadRequest(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{max_tokens + prompt_len} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-            "Please reduce the length of the messages or completion.",
-            param="max_tokens",
-        )
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    return SamplingSettings(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
-        top_p=defaults.top_p if req.top_p is None else req.top_p,
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        min_p=req.min_p or 0.0,
-        max_tokens=max_tokens,
-        stop=[s for s in stop if s],
-        stop_token_ids=list(req.stop_token_ids or []),
-        ignore_eos=req.ignore_eos,
-        include_stop_str_in_output=req.include_stop_str_in_output,
-        seed=req.seed,
-        logprobs=num_logprobs,
-    )
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
@@ -156,6 +84,11 @@ def new_id(prefix: str) -> str:
 
 def now() -> int:
     return int(time.time())
+
+
+def token_id_string(token_id: int) -> str:
+    """How a logprob entry names its token under `--return-tokens-as-token-ids`."""
+    return f"token_id:{token_id}"
 
 
 def clamp(logprob: float) -> float:
@@ -180,7 +113,7 @@ class TokenNamer:
 
     def __call__(self, token_id: int) -> str:
         if self.as_token_ids:
-            return f"token_id:{token_id}"
+            return token_id_string(token_id)
         return self.tokenizer.decode([token_id])
 
     def chat_entry(self, token_id: int, logprob: float, top: list[tuple[int, float]]) -> dict[str, Any]:

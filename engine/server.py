@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from engine import protocol, serving
-from engine.config import VERSION_HEADER, EngineConfig, EngineState, load_engine
+from engine.config import EngineConfig, EngineState, load_engine
 from engine.errors import (
     BadRequest,
     EngineError,
@@ -28,7 +28,7 @@ from engine.errors import (
     WeightTransferError,
     WeightTransferStateError,
 )
-from engine.protocol import ChatRequest, CompletionRequest
+from engine.protocol import POLICY_VERSION_HEADER, ChatRequest, CompletionRequest
 
 __all__ = ["EngineConfig", "create_app", "load_engine"]
 
@@ -49,10 +49,10 @@ class _PolicyVersionHeader:
         async def send_with_version(message):
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                if not any(k.lower() == VERSION_HEADER.encode() for k, _ in headers):
+                if not any(k.lower() == POLICY_VERSION_HEADER.encode() for k, _ in headers):
                     engine = getattr(self.fastapi_app.state, "engine", None)
                     version = engine.scheduler.version if engine is not None else 0
-                    headers.append((VERSION_HEADER.encode(), str(version).encode()))
+                    headers.append((POLICY_VERSION_HEADER.encode(), str(version).encode()))
                 message = {**message, "headers": headers}
             await send(message)
 

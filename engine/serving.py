@@ -12,10 +12,11 @@ import orjson
 from fastapi.responses import Response, StreamingResponse
 
 from engine import chat, protocol
-from engine.config import VERSION_HEADER, EngineState
+from engine.config import EngineState
 from engine.errors import BadRequest, EngineError
-from engine.protocol import ChatRequest, CompletionRequest
+from engine.protocol import POLICY_VERSION_HEADER, ChatRequest, CompletionRequest
 from engine.sampling import SamplingSettings
+from engine.sampling_params import sampling_settings
 from engine.scheduler import BatchScheduler, Sequence, TokenEvent
 
 
@@ -120,7 +121,7 @@ async def chat_completion(state: EngineState, req: ChatRequest) -> Response:
     prompt_ids, parse_tools = _chat_prompt(state, req)
     if req.top_logprobs and not req.logprobs:
         raise BadRequest("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-    settings = protocol.sampling_settings(
+    settings = sampling_settings(
         req,
         prompt_len=len(prompt_ids),
         max_model_len=state.max_model_len,
@@ -167,7 +168,9 @@ async def chat_completion(state: EngineState, req: ChatRequest) -> Response:
     if req.return_token_ids:
         body["prompt_token_ids"] = prompt_ids
     version = _version_of([s for s, _ in results], state)
-    return Response(orjson.dumps(body), media_type="application/json", headers={VERSION_HEADER: version})
+    return Response(
+        orjson.dumps(body), media_type="application/json", headers={POLICY_VERSION_HEADER: version}
+    )
 
 
 async def _admit(state: EngineState, prompt_ids: list[int], settings: SamplingSettings, n: int):
@@ -258,7 +261,7 @@ async def _chat_stream(state, req: ChatRequest, prompt_ids, settings, parse_tool
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(
-        body(), media_type="text/event-stream", headers={VERSION_HEADER: str(seq.version)}
+        body(), media_type="text/event-stream", headers={POLICY_VERSION_HEADER: str(seq.version)}
     )
 
 
@@ -291,7 +294,7 @@ async def completion(state: EngineState, req: CompletionRequest) -> Response:
     if req.echo:
         raise BadRequest("echo=true is not supported by the embedded engine", param="echo")
     prompt_ids = _completion_prompt(state, req.prompt)
-    settings = protocol.sampling_settings(
+    settings = sampling_settings(
         req,
         prompt_len=len(prompt_ids),
         max_model_len=state.max_model_len,
@@ -329,7 +332,9 @@ async def completion(state: EngineState, req: CompletionRequest) -> Response:
         "usage": protocol.usage(len(prompt_ids), sum(len(s.generated) for s, _ in results)),
     }
     version = _version_of([s for s, _ in results], state)
-    return Response(orjson.dumps(body), media_type="application/json", headers={VERSION_HEADER: version})
+    return Response(
+        orjson.dumps(body), media_type="application/json", headers={POLICY_VERSION_HEADER: version}
+    )
 
 
 async def _completion_stream(state, req: CompletionRequest, prompt_ids, settings) -> Response:
@@ -373,5 +378,5 @@ async def _completion_stream(state, req: CompletionRequest, prompt_ids, settings
         yield b"data: [DONE]\n\n"
 
     return StreamingResponse(
-        body(), media_type="text/event-stream", headers={VERSION_HEADER: str(seq.version)}
+        body(), media_type="text/event-stream", headers={POLICY_VERSION_HEADER: str(seq.version)}
     )

@@ -1,4 +1,4 @@
-"""Trainer side of vLLM's weight-transfer protocol (DESIGN.md 3.9), one client for two transports.
+"""Trainer side of vLLM's weight-transfer protocol (docs/design.md 3.9), one client for two transports.
 
 Against vLLM on a GPU the tensors travel over NCCL (vLLM's own `NCCLWeightTransferEngine` helpers,
 imported only then); against the embedded engine they travel over torch.distributed gloo. The HTTP

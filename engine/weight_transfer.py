@@ -1,6 +1,6 @@
 """Server side of vLLM's weight-transfer protocol, carried over torch.distributed with gloo.
 
-The sequence (DESIGN.md 3.9) is vLLM's: `init_weight_transfer_engine` joins a process group as rank
+The sequence (docs/design.md 3.9) is vLLM's: `init_weight_transfer_engine` joins a process group as rank
 `rank_offset` while the trainer joins as rank 0; each sync is `start_weight_update`, one or more
 `update_weights` (the trainer broadcasts the tensors while the HTTP call is in flight), then
 `finish_weight_update`. Received tensors are only *staged*; finish applies them all at once between two
