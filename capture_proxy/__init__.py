@@ -1,4 +1,5 @@
-"""The capture layer: what a model call looked like to the engine, kept exactly and checked.
+"""The capture layer: what a model call looked like to the engine, kept exactly and checked; the data
+models every other package shares (traces, findings, training rows, SFT episodes).
 
     from capture_proxy import TrainingTrace, validate_trace, build_training_rows
     findings = validate_trace(trace)          # FATAL / WARN / INFO findings with stable codes

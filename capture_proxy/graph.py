@@ -1,4 +1,4 @@
-"""The rollout graph (DESIGN.md 3.2): which captured call continues which, and which calls can be trained.
+"""The rollout graph (docs/design.md 3.2): which captured call continues which, and which calls can be trained.
 
 Each call is a node. A call links to the existing node whose prompt + completion ids are the longest
 exact token prefix of its prompt; a call with no token ids falls back to message lists. A call that

@@ -17,7 +17,7 @@ Purpose = Literal["train", "eval"]
 """train: the policy's own sampling is enforced and turns are trainable. eval: the agent's sampling passes through."""
 
 TurnRole = Literal["agent", "auxiliary", "discarded"]
-"""Where a turn sits in the rollout graph (DESIGN.md 3.2). Only `agent` turns can be trained on."""
+"""Where a turn sits in the rollout graph (docs/design.md 3.2). Only `agent` turns can be trained on."""
 
 CaptureStatus = Literal["ok", "missing_token_ids", "missing_logprobs", "token_mismatch", "transport_error"]
 """Whether the engine's own tokens and logprobs were captured intact for a turn."""
@@ -71,7 +71,7 @@ class TurnMetadata(_Strict):
     finish_reason: str | None = None
     latency_s: float | None = None
     parent_node_id: str | None = None
-    """Filled when the rollout graph is built (DESIGN.md 3.2)."""
+    """Filled when the rollout graph is built (docs/design.md 3.2)."""
     role: TurnRole = "agent"
     capture: CaptureStatus = "ok"
     error: str | None = None

@@ -1,4 +1,4 @@
-"""Training rows from a validated trace (DESIGN.md 3.2): the one record the trainer consumes.
+"""Training rows from a validated trace (docs/design.md 3.2): the one record the trainer consumes.
 
 A row is one root-to-leaf chain of the rollout graph. Its calls extend each other exactly, so the row is
 the leaf's prompt + completion, no re-tokenisation: each call's sampled tokens sit at the positions it

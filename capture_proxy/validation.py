@@ -1,4 +1,4 @@
-"""Validation of captured turns and traces (DESIGN.md 3.1).
+"""Validation of captured turns and traces (docs/design.md 3.1).
 
 Every rule yields a `Finding` with a severity and a stable code. The rules run on models and on raw
 mappings (JSON as the proxy or a client received it). A raw trace goes through the strict model first
@@ -126,7 +126,7 @@ def _check_trace(
 
 
 # ---------------------------------------------------------------------------------------------------
-# Turn rules (DESIGN.md 3.1, FATAL 1-7 and 9; WARN truncated_turn, no_sampled_ids)
+# Turn rules (docs/design.md 3.1, FATAL 1-7 and 9; WARN truncated_turn, no_sampled_ids)
 
 
 def _turn_rules(turn: Any, prefix: str, *, typed: bool) -> tuple[list[Finding], set[tuple[str, ...]]]:

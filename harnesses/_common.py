@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 LOG_DIR = "/logs/agent"
-"""Where agents write their logs inside the sandbox (DESIGN.md 3.5)."""
+"""Where agents write their logs inside the sandbox (docs/design.md 3.5)."""
 
 LOG_TAIL_CHARS = 4000
 

@@ -1,4 +1,4 @@
-"""The reward is born in the environment: `resolve_env_reward` enforces it (DESIGN.md 3.8).
+"""The reward is born in the environment: `resolve_env_reward` enforces it (docs/design.md 3.8).
 
 A rollout's reward can surface in two places: the tool results (the environment reports a reward as
 it steps) and `verify().env_reward` (the session's end-of-episode summary). `verify()` must forward

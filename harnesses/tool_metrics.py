@@ -1,4 +1,4 @@
-"""Tool-call metrics per rollout (DESIGN.md 3.8): calls by tool name, and failures.
+"""Tool-call metrics per rollout (docs/design.md 3.8): calls by tool name, and failures.
 
 A tool call failed when the harness reported an error for it (a non-zero exit, a timeout, a rejected
 call), or, because loop-owning agents do not always report errors in a structured way, when its result

@@ -1,4 +1,4 @@
-"""The Gradio trace inspector (DESIGN.md 3.11): browse rollouts in a trace store, read-only.
+"""The Gradio trace inspector (docs/design.md 3.11): browse rollouts in a trace store, read-only.
 
     harbor inspect --store sqlite:///runs/traces.db
     mount_inspector(fastapi_app, store_url, path="/inspect")   # inside another server

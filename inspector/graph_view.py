@@ -1,4 +1,4 @@
-"""The rollout graph (DESIGN.md 3.2) drawn as inline SVG.
+"""The rollout graph (docs/design.md 3.2) drawn as inline SVG.
 
 Columns are calls in the order they were made; each root starts a lane and a branch (a retry, a
 rewritten history) opens a new lane below, so a plain agent loop is one straight chain. Marks:

@@ -1,4 +1,4 @@
-"""The verifier (DESIGN 3.5): score what the agent left behind, in a way the agent cannot spoof.
+"""The verifier (docs/design.md 3.5): score what the agent left behind, in a way the agent cannot spoof.
 
 After the agent stopped, in this order:
 1. kill every process the agent left running (`kill -9 -1` as root; only PID 1 and the killer

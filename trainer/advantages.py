@@ -1,4 +1,4 @@
-"""Group-relative advantages (DESIGN.md 3.9): `(r - mean) / (std + 1e-8)` over a group's scoreable members.
+"""Group-relative advantages (docs/design.md 3.9): `(r - mean) / (std + 1e-8)` over a group's scoreable members.
 
 A None reward is unscoreable: it is left out of the mean and the std and gets no advantage (its rows are
 not trained), never counted as 0. The std is the sample std (ddof=1), as `torch.std` gives TRL. A group

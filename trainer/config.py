@@ -21,7 +21,7 @@ ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
 
 
 class AsyncGRPOConfig(BaseModel):
-    """Configuration of `HarnessAsyncGRPOTrainer` (DESIGN.md 3.9)."""
+    """Configuration of `HarnessAsyncGRPOTrainer` (docs/design.md 3.9)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

@@ -1,4 +1,4 @@
-"""The trainer on several processes (DESIGN.md 5): rank 0 rolls out and decides, every rank trains a share.
+"""The trainer on several processes (docs/design.md 5): rank 0 rolls out and decides, every rank trains a share.
 
     accelerate launch --num_processes 2 -m harbor_rl train ...                 # GPUs: FSDP2 by default
     accelerate launch --multi_gpu --num_processes 2 my_train.py               # CPUs: DDP over gloo

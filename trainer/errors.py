@@ -14,7 +14,7 @@ class TrainerConfigError(TrainerError):
 
 
 class InvalidCaptureError(TrainerError):
-    """A rollout's capture has FATAL findings: a bug to fix, so the run stops (DESIGN.md 3.9)."""
+    """A rollout's capture has FATAL findings: a bug to fix, so the run stops (docs/design.md 3.9)."""
 
     def __init__(self, message: str, findings: list[Any]) -> None:
         self.findings = findings

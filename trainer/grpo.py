@@ -1,4 +1,4 @@
-"""`HarnessAsyncGRPOTrainer`: GRPO on rollouts that harnesses run on their own (DESIGN.md 3.9).
+"""`HarnessAsyncGRPOTrainer`: GRPO on rollouts that harnesses run on their own (docs/design.md 3.9).
 
     factory = partial(HarborSessionFactory, "http://localhost:8200", split="builtin", harness="env-factory",
                       sandbox="local", llm_url=engine_url + "/v1", model="tiny")

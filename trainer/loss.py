@@ -1,4 +1,4 @@
-"""Decoupled PPO loss with truncated importance sampling (DESIGN.md 3.9).
+"""Decoupled PPO loss with truncated importance sampling (docs/design.md 3.9).
 
 Per trained token, with A the rollout's advantage:
     r = exp(logp_theta - logp_prox)                     policy change since the batch started

@@ -1,4 +1,4 @@
-"""`HarnessRolloutOutcome`: what `rollout_reward_fn` sees of one finished rollout (DESIGN.md 3.9)."""
+"""`HarnessRolloutOutcome`: what `rollout_reward_fn` sees of one finished rollout (docs/design.md 3.9)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the offline sandbox base image harbor-rl/sandbox-base:bookworm (DESIGN.md 8).
+# Build the offline sandbox base image harbor-rl/sandbox-base:bookworm (docs/design.md 8).
 #
 # Docker Hub is unreachable here, so the image is a debootstrapped Debian rootfs imported with
 # `docker import`. Skips when the image already exists; the rootfs tarball is kept under

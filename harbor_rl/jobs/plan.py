@@ -56,7 +56,7 @@ def engine_spec(config: RunConfig, model_path: str) -> ProcessSpec:
             argv += ["--max-model-len", str(settings.max_model_len)]
         env = {}
     else:
-        # The flags the capture and the trainer rely on (DESIGN.md 3.3, 3.9): token ids and processed
+        # The flags the capture and the trainer rely on (docs/design.md 3.3, 3.9): token ids and processed
         # logprobs for the capture, the dev-mode weight-transfer endpoints over NCCL for the sync.
         argv = ["vllm", "serve", model_path, *common,
                 "--weight-transfer-config", json.dumps({"backend": "nccl"}),

@@ -1,4 +1,4 @@
-"""Rubrics and transforms: reward composition inside an environment (DESIGN.md 3.10).
+"""Rubrics and transforms: reward composition inside an environment (docs/design.md 3.10).
 
     from tasks.rubrics import Rubric, WeightedSum, Gate
 

@@ -1,4 +1,4 @@
-"""The rollout graph (DESIGN.md 3.2) on hand-built rollouts."""
+"""The rollout graph (docs/design.md 3.2) on hand-built rollouts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Training rows (DESIGN.md 3.2): merged chains, masks and behaviour logprobs, from hand-built graphs."""
+"""Training rows (docs/design.md 3.2): merged chains, masks and behaviour logprobs, from hand-built graphs."""
 
 from __future__ import annotations
 

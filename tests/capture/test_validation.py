@@ -1,4 +1,4 @@
-"""Validation (DESIGN.md 3.1): each rule, broken alone, yields exactly its own finding."""
+"""Validation (docs/design.md 3.1): each rule, broken alone, yields exactly its own finding."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md 3.8's failure counting rules."""
+"""docs/design.md 3.8's failure counting rules."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def broken_dataset(root: Path) -> Path:
     folder = root / BROKEN_SPLIT
     shutil.copytree(ENV_TASKS_DIR / "echo-hello-world", folder / "missing-env")
     toml = folder / "missing-env" / "task.toml"
-    toml.write_text(toml.read_text().replace("builtin.echo:EchoEnv", "builtin.echo:NoSuchEnv"))
+    toml.write_text(toml.read_text().replace("environments.echo:EchoEnv", "environments.echo:NoSuchEnv"))
     return folder
 
 
