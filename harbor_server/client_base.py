@@ -1,0 +1,410 @@
+"""What the sync and async clients of `harbor serve` share: everything but the sending.
+
+`harbor_server.client` builds its twins (`HarborClient`/`AsyncHarborClient`, ...) on the three base
+classes here, the way httpx builds `Client`/`AsyncClient` on `BaseClient`. A base holds the settings,
+the requests as data (`Endpoints`), the reading of answers into models or `harbor_server.errors`
+exceptions, the paging and the session state (the spreading over several servers is in
+`harbor_server.client_spread`); a twin only sends (`httpx.Client` or `httpx.AsyncClient`) and
+sleeps. A change of behaviour is made here once; a change of a public signature in both twins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel, Field, TypeAdapter
+
+from capture_proxy.models import Purpose, SamplingParams, TrainingTrace
+from harbor_server.client_spread import CapacityBackoff, Placement, Spread, server_urls
+from harbor_server.errors import (
+    BadRolloutRequest,
+    CapacityExceeded,
+    HarborServerError,
+    RolloutNotFinished,
+    RolloutNotFound,
+    ServerUnreachable,
+    TraceNotTrainable,
+)
+from harbor_server.models import (
+    RolloutRequest,
+    RolloutResult,
+    RolloutState,
+    ServerInfo,
+    TaskInfo,
+    TaskPage,
+)
+
+TaskRef = int | str | Mapping[str, Any]
+"""A task index, a task id, or a row from `prompt_rows()` (its task_id is used)."""
+
+LONG_POLL_S = 30.0
+"""Seconds one long-poll request waits on the server before it asks again."""
+PAGE_SIZE = 200
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class VerifyResult(BaseModel):
+    """The environment's verdict. `env_reward` None means unscoreable: never read it as 0."""
+
+    env_reward: float | None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+def verify_result(result: RolloutResult) -> VerifyResult:
+    metrics: dict[str, Any] = {
+        "status": result.status,
+        "rewards": dict(result.rewards),
+        "timed_out": result.timed_out,
+        "tool_call_count": result.tool_call_count,
+        "tool_failure_count": result.tool_failures,
+        "tool_calls_by_name": dict(result.tool_calls_by_name),
+        "num_turns": result.num_turns,
+        "timings": dict(result.timings),
+        "error": result.error,
+    }
+    return VerifyResult(env_reward=result.env_reward, metrics=metrics)
+
+
+def task_selector(task: TaskRef) -> dict[str, Any]:
+    """`task_index` or `task_id` for a rollout request, from whatever the caller holds."""
+    if isinstance(task, bool):
+        raise TypeError("a task is an index, an id or a prompt row, not a bool")
+    if isinstance(task, int):
+        return {"task_index": task}
+    if isinstance(task, str):
+        return {"task_id": task}
+    if isinstance(task, Mapping):
+        if task.get("task_id"):
+            return {"task_id": str(task["task_id"])}
+        if task.get("task_index") is not None:
+            return {"task_index": int(task["task_index"])}
+        raise ValueError(f"a task row needs task_id or task_index; got keys {sorted(task)}")
+    raise TypeError(f"cannot make a task reference of {type(task).__name__}")
+
+
+def prompt_row(task: TaskInfo) -> dict[str, Any]:
+    """A dataset row for the trainer: the instruction as a chat prompt, plus how to find the task again."""
+    return {
+        "prompt": [{"role": "user", "content": task.instruction}],
+        "task_id": task.task_id,
+        "task_index": task.index,
+        "split": task.split,
+        "name": task.name,
+    }
+
+
+def raise_for_status(response: httpx.Response) -> None:
+    """Turn a 4xx/5xx answer into the server's own error class, keeping its message."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"detail": response.text}
+    detail = body.get("detail") if isinstance(body, dict) else body
+    message = detail if isinstance(detail, str) else str(detail)
+    where = f"{response.request.method} {response.request.url.path}"
+    code = response.status_code
+    if code == 409 and isinstance(body, dict) and body.get("findings") is not None:
+        raise TraceNotTrainable(f"{where}: {message}", body["findings"])
+    if code == 409:
+        raise RolloutNotFinished(f"{where}: {message}")
+    if code == 429:
+        raise CapacityExceeded(f"{where}: {message}")
+    if code == 404 and "/rollouts/" in response.request.url.path:
+        error = RolloutNotFound(response.request.url.path.split("/")[2])
+        error.message = f"{where}: {message}"
+        raise error
+    if 400 <= code < 500:
+        raise BadRolloutRequest(f"{where}: {message}", status=code, detail=detail)
+    raise HarborServerError(f"{where}: server error {code}: {message}", status=code, detail=detail)
+
+
+# -- the REST API as data --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request of the REST API and how its (successful) answer is read; a twin's `_send` sends it."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    params: Mapping[str, Any] | None = None
+    json: Any = None
+    timeout: Any = httpx.USE_CLIENT_DEFAULT  # the client's own timeout, unless a call needs longer
+
+
+def _as(model: type[M]) -> Callable[[httpx.Response], M]:
+    return lambda response: model.model_validate_json(response.content)
+
+
+_STATES = TypeAdapter(list[RolloutState])
+
+
+class Endpoints:
+    """Every call the clients make, built once for both twins."""
+
+    @staticmethod
+    def health() -> Call[dict[str, Any]]:
+        return Call("GET", "/health", lambda response: response.json())
+
+    @staticmethod
+    def info() -> Call[ServerInfo]:
+        return Call("GET", "/info", _as(ServerInfo))
+
+    @staticmethod
+    def tasks(split: str, offset: int, limit: int) -> Call[TaskPage]:
+        params = {"split": split, "offset": offset, "limit": limit}
+        return Call("GET", "/tasks", _as(TaskPage), params=params)
+
+    @staticmethod
+    def start_rollout(request: RolloutRequest) -> Call[RolloutState]:
+        return Call("POST", "/rollouts", _as(RolloutState), json=request.model_dump(mode="json"))
+
+    @staticmethod
+    def rollout(rollout_id: str) -> Call[RolloutState]:
+        return Call("GET", _rollout_path(rollout_id), _as(RolloutState))
+
+    @staticmethod
+    def rollouts(
+        status: str | None, task_id: str | None, limit: int, offset: int
+    ) -> Call[list[RolloutState]]:
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if status is not None:
+            params["status"] = status
+        if task_id is not None:
+            params["task_id"] = task_id
+        return Call(
+            "GET", "/rollouts", lambda response: _STATES.validate_json(response.content), params=params
+        )
+
+    @staticmethod
+    def wait(rollout_id: str, timeout_s: float) -> Call[RolloutState]:
+        # The HTTP read outlasts the server's long poll, so a slow answer is not taken for a dead server.
+        path, params = _rollout_path(rollout_id, "/wait"), {"timeout": timeout_s}
+        return Call("GET", path, _as(RolloutState), params=params, timeout=timeout_s + 30)
+
+    @staticmethod
+    def result(rollout_id: str) -> Call[RolloutResult]:
+        return Call("GET", _rollout_path(rollout_id, "/result"), _as(RolloutResult))
+
+    @staticmethod
+    def trace(rollout_id: str) -> Call[TrainingTrace]:
+        return Call("GET", _rollout_path(rollout_id, "/trace"), _as(TrainingTrace))
+
+    @staticmethod
+    def cancel(rollout_id: str) -> Call[RolloutState]:
+        return Call("POST", _rollout_path(rollout_id, "/cancel"), _as(RolloutState))
+
+
+def _rollout_path(rollout_id: str, tail: str = "") -> str:
+    return f"/rollouts/{rollout_id}{tail}"
+
+
+class BaseHarborClient:
+    """One server's URL, and what its twins do around sending: the transport failure as
+    ServerUnreachable, an error answer as the server's own exception, an answer as its model."""
+
+    def __init__(self, server_url: str, *, owns_http: bool) -> None:
+        self.server_url = server_url.rstrip("/")
+        self._owns_http = owns_http
+
+    def _unreachable(self, exc: httpx.TransportError) -> ServerUnreachable:
+        return ServerUnreachable(f"harbor server at {self.server_url} is unreachable: {exc}")
+
+    @staticmethod
+    def _read(call: Call[T], response: httpx.Response) -> T:
+        raise_for_status(response)
+        return call.read(response)
+
+    @staticmethod
+    def _next_offset(page: TaskPage, offset: int) -> int | None:
+        """Where the page after `page` (which started at `offset`) starts; None after the last."""
+        offset += len(page.tasks)
+        return None if not page.tasks or offset >= page.total else offset
+
+
+ClientT = TypeVar("ClientT", bound=BaseHarborClient)
+
+
+# -- sessions --------------------------------------------------------------------------------------
+
+
+class BaseHarborSession(Generic[ClientT]):
+    """One rollout's state as last seen, and its place in the factory's count: it tells the factory,
+    once, when the rollout is over or the session closed, so new sessions go where fewest are live."""
+
+    def __init__(
+        self, client: ClientT, state: RolloutState, *, on_done: Callable[[], None] | None = None
+    ) -> None:
+        self._client = client
+        self.state = state
+        self._result: RolloutResult | None = state.result
+        self._on_done = on_done
+        self._note_if_done()
+
+    @property
+    def server_url(self) -> str:
+        """The server running this rollout."""
+        return self._client.server_url
+
+    @property
+    def rollout_id(self) -> str:
+        return self.state.rollout_id
+
+    def _seen(self, state: RolloutState) -> None:
+        self.state = state
+        self._result = state.result
+
+    def _cancelled(self, state: RolloutState) -> RolloutState:
+        self._seen(state)
+        self._note_if_done()
+        return self.state
+
+    @property
+    def _running(self) -> bool:
+        return self._result is None and not self.state.done
+
+    def _polls(self, timeout_s: float | None, clock: Callable[[], float]) -> Iterator[float]:
+        """How long each long poll waits, until the result is in: LONG_POLL_S, the last cut short to
+        end at `timeout_s` (TimeoutError once it has passed)."""
+        deadline = None if timeout_s is None else clock() + timeout_s
+        while self._result is None:
+            remaining = LONG_POLL_S if deadline is None else min(LONG_POLL_S, deadline - clock())
+            if remaining <= 0:
+                raise TimeoutError(f"rollout {self.rollout_id} still {self.state.phase} after {timeout_s} s")
+            yield remaining
+
+    def _finished(self) -> RolloutResult:
+        """The result, once the polls have brought it."""
+        assert self._result is not None
+        self._note_if_done()
+        return self._result
+
+    def _release(self) -> None:
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done()
+
+    def _note_if_done(self) -> None:
+        if self._result is not None or self.state.done:
+            self._release()
+
+
+# -- factories -------------------------------------------------------------------------------------
+
+
+class _FactoryConfig:
+    """What every rollout a factory starts has in common."""
+
+    def __init__(
+        self,
+        *,
+        split: str,
+        harness: str,
+        sandbox: str | None,
+        llm_url: str | None,
+        model: str | None,
+        sampling: SamplingParams | Mapping[str, Any] | None,
+        agent_timeout_sec: float | None,
+        agent_step_limit: int,
+        purpose: Purpose,
+        metadata: Mapping[str, Any] | None,
+    ) -> None:
+        self.split = split
+        self.harness = harness
+        self.sandbox = sandbox
+        self.llm_url = llm_url
+        self.model = model
+        if sampling is None:
+            sampling = SamplingParams()
+        elif not isinstance(sampling, SamplingParams):
+            sampling = SamplingParams.model_validate(dict(sampling))
+        self.sampling = sampling
+        self.agent_timeout_sec = agent_timeout_sec
+        self.agent_step_limit = agent_step_limit
+        self.purpose = purpose
+        self.metadata = dict(metadata or {})
+
+    def request(self, task: TaskRef, seed: int | None, episode_id: str | None) -> RolloutRequest:
+        sampling = (
+            self.sampling
+            if seed is None or self.sampling.seed is not None
+            else self.sampling.model_copy(update={"seed": seed})
+        )
+        return RolloutRequest(
+            split=self.split,
+            harness=self.harness,
+            sandbox=self.sandbox,
+            llm_url=self.llm_url,
+            model=self.model,
+            sampling=sampling,
+            agent_timeout_sec=self.agent_timeout_sec,
+            agent_step_limit=self.agent_step_limit,
+            purpose=self.purpose,
+            seed=seed,
+            episode_id=episode_id,
+            metadata=self.metadata,
+            **task_selector(task),
+        )
+
+
+class BaseHarborSessionFactory(Generic[ClientT]):
+    """The settings every rollout of a factory shares, one client per server, and the count of live
+    sessions per server that picks where the next one goes."""
+
+    _client_class: type[ClientT]
+    """The twin's client, one per server."""
+
+    def __init__(
+        self,
+        server_url: str | Sequence[str],
+        *,
+        split: str,
+        harness: str,
+        sandbox: str | None = None,
+        llm_url: str | None = None,
+        model: str | None = None,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        agent_timeout_sec: float | None = 600,
+        agent_step_limit: int = 0,
+        purpose: Purpose = "train",
+        metadata: Mapping[str, Any] | None = None,
+        capacity_wait_s: float = 0.0,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.config = _FactoryConfig(
+            split=split,
+            harness=harness,
+            sandbox=sandbox,
+            llm_url=llm_url,
+            model=model,
+            sampling=sampling,
+            agent_timeout_sec=agent_timeout_sec,
+            agent_step_limit=agent_step_limit,
+            purpose=purpose,
+            metadata=metadata,
+        )
+        self.capacity_wait_s = capacity_wait_s
+        """Seconds `create` keeps retrying while every server answers 429 (0: fail at once)."""
+        self.clients = [self._client_class(url, timeout_s=timeout_s) for url in server_urls(server_url)]
+        self.client = self.clients[0]
+        """The first server's client; it lists the tasks (every server is expected to serve the split)."""
+        self._spread = Spread(len(self.clients))
+
+    @property
+    def live_sessions(self) -> dict[str, int]:
+        """Sessions of this factory not yet known to be over, per server URL."""
+        return dict(zip((c.server_url for c in self.clients), self._spread.snapshot(), strict=True))
+
+    def _placement(self) -> Placement[ClientT]:
+        return Placement(self.clients, self._spread)
+
+    def _backoff(self, clock: Callable[[], float]) -> CapacityBackoff:
+        return CapacityBackoff(self.capacity_wait_s, clock)
