@@ -47,21 +47,59 @@ def require_int64(value: Any, where: str) -> None:
             require_int64(item, f"{where}[{i}]")
 
 
+NEUTRAL_SAMPLING: dict[str, float] = {
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+}
+"""The values that leave the distribution untouched (OpenEnv's `NON_POLICY_SAMPLING`,
+`openenv/core/harness/capture/upstream.py`); top_k 0 also disables top-k, as in vLLM."""
+
+
 class SamplingParams(_Strict):
-    """Sampling settings a session applies to its model calls."""
+    """Sampling settings a session applies to its model calls.
+
+    Takes the full policy OpenEnv's `training_sampling` returns (TRL's rollout loop passes it as is);
+    for train sessions everything but the temperature must be neutral (`require_neutral`), because
+    processed logprobs after truncation or penalties would bias the importance ratio.
+    """
 
     temperature: float = 1.0
     """Policy temperature. In train sessions it overrides whatever the agent asks for."""
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = None
     """Cap on completion tokens per call; None leaves the agent's own value (or the engine default)."""
     seed: int | None = None
 
+    def require_neutral(self) -> None:
+        """Raise ValueError naming the first field a training policy may not set (and its neutral value)."""
+        if not 0 < self.temperature < float("inf"):
+            raise ValueError(f"training sampling needs a finite positive temperature, got {self.temperature}")
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            value = getattr(self, name)
+            if value != neutral and not (name == "top_k" and value == 0):
+                raise ValueError(
+                    f"training sampling requires {name}={neutral} (got {value}): the policy samples from its "
+                    "full distribution, so the engine's logprobs are the ones the trainer recomputes"
+                )
 
-class TurnMetadata(_Strict):
-    """How a turn was produced: what a practitioner needs to trust (or debug) its tokens."""
+
+class TurnMetadata(BaseModel):
+    """How a turn was produced: what a practitioner needs to trust (or debug) its tokens.
+
+    Other keys are kept as they are: OpenEnv's turn metadata is a free dict (its `from_entries` keeps
+    the entry's `node_id` there, for one), and a trace read from OpenEnv must come back out unchanged.
+    """
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     endpoint: Literal["chat", "completions"] = "chat"
     sampling: dict[str, Any] = Field(default_factory=dict)
@@ -103,10 +141,18 @@ class TrainingTurn(_Strict):
 
 
 class TrainingTrace(_Strict):
-    """All model calls of one rollout, in the order they were made, plus rollout-level facts."""
+    """All model calls of one rollout, in the order they were made, plus rollout-level facts.
+
+    It reads and writes OpenEnv's `TrainingTrace` JSON (`openenv/core/harness/training.py`, openenv
+    0.10.0: `{schema_version, turns: [{node_id, prompt_token_ids, completion_token_ids,
+    per_token_logps, loss_mask, request, response, metadata}]}`): every rollout-level field here is
+    optional, `to_openenv()` drops them for OpenEnv's strict model, and `to_trace_entries()` /
+    `from_entries()` are OpenEnv's (and TRL's) per-turn records.
+    """
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    session_id: str
+    session_id: str | None = None
+    """The capture session the turns came from; None for a trace that did not come from our store."""
     purpose: Purpose = "train"
     turns: list[TrainingTurn]
     multi_step_task: bool = False
@@ -120,6 +166,50 @@ class TrainingTrace(_Strict):
     """The rollout's reward; None means unscoreable (never read it as 0)."""
     rewards: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def to_trace_entries(self) -> list[dict[str, Any]]:
+        """One record per turn, as OpenEnv's `to_trace_entries` and TRL's `TraceEntry`: every turn field
+        but `node_id`, which moves into `metadata`."""
+        return [
+            {
+                **turn.model_dump(mode="json", exclude={"node_id"}),
+                "metadata": {**turn.metadata.model_dump(mode="json"), "node_id": turn.node_id},
+            }
+            for turn in self.turns
+        ]
+
+    @classmethod
+    def from_entries(cls, entries: list[dict[str, Any]], **trace_fields: Any) -> TrainingTrace:
+        """The inverse of `to_trace_entries`, as OpenEnv's: tokens and masks are taken as they are, never
+        inferred; `trace_fields` sets rollout-level fields (`session_id`, `purpose`, ...)."""
+        turns = [
+            TrainingTurn(
+                node_id=entry["metadata"]["node_id"],
+                prompt_token_ids=entry["prompt_token_ids"],
+                completion_token_ids=entry["completion_token_ids"],
+                per_token_logps=entry["per_token_logps"],
+                loss_mask=entry["loss_mask"],
+                request=entry.get("request", {}),
+                response=entry.get("response", {}),
+                metadata=TurnMetadata.model_validate(entry.get("metadata", {})),
+            )
+            for entry in entries
+        ]
+        return cls(turns=turns, **trace_fields)
+
+    def to_openenv(self) -> dict[str, Any]:
+        """This trace as OpenEnv's strict `TrainingTrace` accepts it: its version and turns only (the
+        rollout-level facts have no place there); turn metadata becomes a plain dict."""
+        return {
+            "schema_version": self.schema_version,
+            "turns": [
+                {
+                    **turn.model_dump(mode="json", exclude={"metadata"}),
+                    "metadata": turn.metadata.model_dump(mode="json"),
+                }
+                for turn in self.turns
+            ],
+        }
 
 
 class SessionCreate(_Strict):
@@ -140,6 +230,8 @@ class SessionCreate(_Strict):
     @model_validator(mode="after")
     def _storable(self) -> SessionCreate:
         require_int64(self.model_dump(), "session")
+        if self.purpose == "train":
+            self.sampling.require_neutral()
         return self
 
 

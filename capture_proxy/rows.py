@@ -35,7 +35,7 @@ class TrainingRow:
     """The calls merged into this row, root first."""
     policy_versions: tuple[int | None, ...]
     """The policy version each of `node_ids` was sampled with."""
-    session_id: str
+    session_id: str | None
     trained_node_ids: tuple[str, ...] = ()
     """The subset of `node_ids` whose tokens this row trains (each call is trained in one row only)."""
 
@@ -84,7 +84,7 @@ def _owning_leaves(graph: RolloutGraph, turns: list[TrainingTurn]) -> dict[str, 
 
 
 def _row(
-    session_id: str, graph: RolloutGraph, turns: list[TrainingTurn], leaf: str, trained: list[str]
+    session_id: str | None, graph: RolloutGraph, turns: list[TrainingTurn], leaf: str, trained: list[str]
 ) -> TrainingRow:
     last = turns[graph.nodes[leaf].index]
     input_ids = last.prompt_token_ids + last.completion_token_ids

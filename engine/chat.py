@@ -72,6 +72,25 @@ CHAT_TEMPLATE = """\
 {%- endif %}
 """
 
+RESPONSE_TEMPLATE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": TOOL_CALL_START,
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+"""How a reply of this template parses into a message (transformers' `response_template`, saved with the
+tokenizer): text content, then hermes `<tool_call>` JSON objects, up to `<|im_end|>`. With it,
+`tokenizer.parse_response` and TRL (which looks for a response template before it tries to recognise the
+chat template) read the tiny model's replies as they read Qwen's."""
+
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 

@@ -21,11 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.chat import CHAT_TEMPLATE
+from engine.chat import CHAT_TEMPLATE, RESPONSE_TEMPLATE
 from engine.corpus import BUILTIN_CORPUS
 from engine.errors import ModelBuildError
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 """Bump when the recipe changes, so cached folders are rebuilt."""
 MANIFEST = "harbor_tiny.json"
 VOCAB_SIZE = 6144
@@ -93,6 +93,7 @@ def _train_tokenizer(texts: list[str]):
         model_max_length=MODEL_SHAPE["max_position_embeddings"],
     )
     fast.chat_template = CHAT_TEMPLATE
+    fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 

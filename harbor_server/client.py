@@ -38,8 +38,10 @@ from harbor_server.client_base import (
     BaseHarborSessionFactory,
     Call,
     Endpoints,
+    TaskCatalog,
     TaskRef,
     VerifyResult,
+    is_prompt,
     prompt_row,
     raise_for_status,
     task_selector,
@@ -146,13 +148,19 @@ class HarborSession(BaseHarborSession[HarborClient]):
             self._seen(self._client.wait(self.rollout_id, wait_s))
         return self._finished()
 
-    def verify(self) -> VerifyResult:
+    def verify(self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None) -> VerifyResult:
+        """Waits, then the verifier's verdict. `transcript` and `final_state` are OpenEnv's arguments: the
+        reward is born in the sandbox, so they are accepted and not used."""
         return verify_result(self.wait_for_completion())
 
     def fetch_training_trace(self) -> TrainingTrace:
         """The validated trace; TraceNotTrainable (with the findings) when it cannot be trained on."""
         self.wait_for_completion()
         return self._client.trace(self.rollout_id)
+
+    def fetch_proxy_trace(self) -> list[dict[str, Any]]:
+        """The captured turns as OpenEnv's / TRL's `TraceEntry` records (OpenEnv's LoopOwningSession)."""
+        return self.fetch_training_trace().to_trace_entries()
 
     def cancel(self) -> RolloutState:
         return self._cancelled(self._client.cancel(self.rollout_id))
@@ -182,7 +190,11 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
     _client_class = HarborClient
 
     def create(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> HarborSession:
-        request = self.config.request(task, seed, episode_id)
+        """Start a rollout of `task`: an index, an id, a `prompt_rows()` row, or a TRL prompt (chat
+        messages or a string) naming its task by instruction."""
+        self._resolve_split()
+        target = self._tasks().find(task) if is_prompt(task) else task
+        request = self.config.request(target, seed, episode_id)
         backoff = self._backoff(time.monotonic)
         while True:
             try:
@@ -201,9 +213,18 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
         raise placement.none_took()
 
     def prompt_rows(self) -> Iterator[dict[str, Any]]:
-        """One row per task of the split: `prompt` (chat messages), `task_id`, `task_index`, `split`, `name`."""
-        for task in self.client.iter_tasks(self.config.split):
-            yield prompt_row(task)
+        """One row per task offered: `prompt` (chat messages), `task_id`, `task_index`, `split`, `name`."""
+        yield from self._tasks().rows()
+
+    def _resolve_split(self) -> None:
+        if self.config.split is None:
+            self.config.split = self._first_split(self.client.info())
+
+    def _tasks(self) -> TaskCatalog:
+        if self._catalog is None:
+            self._resolve_split()
+            return self._catalog_of(list(self.client.iter_tasks(self.config.split)))
+        return self._catalog
 
     def close(self) -> None:
         for client in self.clients:
@@ -292,12 +313,17 @@ class AsyncHarborSession(BaseHarborSession[AsyncHarborClient]):
             self._seen(await self._client.wait(self.rollout_id, wait_s))
         return self._finished()
 
-    async def verify(self) -> VerifyResult:
+    async def verify(
+        self, transcript: list[dict[str, Any]] | None = None, final_state: Any = None
+    ) -> VerifyResult:
         return verify_result(await self.wait_for_completion())
 
     async def fetch_training_trace(self) -> TrainingTrace:
         await self.wait_for_completion()
         return await self._client.trace(self.rollout_id)
+
+    async def fetch_proxy_trace(self) -> list[dict[str, Any]]:
+        return (await self.fetch_training_trace()).to_trace_entries()
 
     async def cancel(self) -> RolloutState:
         return self._cancelled(await self._client.cancel(self.rollout_id))
@@ -324,7 +350,9 @@ class AsyncHarborSessionFactory(BaseHarborSessionFactory[AsyncHarborClient]):
     async def create(
         self, task: TaskRef, seed: int | None = None, episode_id: str | None = None
     ) -> AsyncHarborSession:
-        request = self.config.request(task, seed, episode_id)
+        await self._resolve_split()
+        target = (await self._tasks()).find(task) if is_prompt(task) else task
+        request = self.config.request(target, seed, episode_id)
         backoff = self._backoff(asyncio.get_running_loop().time)
         while True:
             try:
@@ -343,8 +371,18 @@ class AsyncHarborSessionFactory(BaseHarborSessionFactory[AsyncHarborClient]):
         raise placement.none_took()
 
     async def prompt_rows(self) -> AsyncIterator[dict[str, Any]]:
-        async for task in self.client.iter_tasks(self.config.split):
-            yield prompt_row(task)
+        for row in (await self._tasks()).rows():
+            yield row
+
+    async def _resolve_split(self) -> None:
+        if self.config.split is None:
+            self.config.split = self._first_split(await self.client.info())
+
+    async def _tasks(self) -> TaskCatalog:
+        if self._catalog is None:
+            await self._resolve_split()
+            return self._catalog_of([task async for task in self.client.iter_tasks(self.config.split)])
+        return self._catalog
 
     async def aclose(self) -> None:
         for client in self.clients:

@@ -10,6 +10,7 @@ sleeps. A change of behaviour is made here once; a change of a public signature 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,8 +38,12 @@ from harbor_server.models import (
     TaskPage,
 )
 
-TaskRef = int | str | Mapping[str, Any]
-"""A task index, a task id, or a row from `prompt_rows()` (its task_id is used)."""
+TaskRef = int | str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+"""A task index, a task id, a row from `prompt_rows()` (its task_id is used), or a TRL prompt: the row's
+chat messages or one string, which name their task by its instruction."""
+
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""What a task id looks like (tasks.datasets): a string of this shape is an id, any other a prompt."""
 
 LONG_POLL_S = 30.0
 """Seconds one long-poll request waits on the server before it asks again."""
@@ -49,10 +54,14 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class VerifyResult(BaseModel):
-    """The environment's verdict. `env_reward` None means unscoreable: never read it as 0."""
+    """The environment's verdict, shaped as OpenEnv's (`openenv/core/harness/rollout.py`). `env_reward`
+    None means unscoreable: never read it as 0."""
 
     env_reward: float | None
+    done: bool = True
+    """The rollout is over (always, once the server has a result)."""
     metrics: dict[str, Any] = Field(default_factory=dict)
+    artifacts: dict[str, Any] = Field(default_factory=dict)
 
 
 def verify_result(result: RolloutResult) -> VerifyResult:
@@ -70,10 +79,69 @@ def verify_result(result: RolloutResult) -> VerifyResult:
     return VerifyResult(env_reward=result.env_reward, metrics=metrics)
 
 
+def is_prompt(task: TaskRef) -> bool:
+    """A TRL prompt (chat messages, or a string that is not a task id) rather than a task reference."""
+    if isinstance(task, str):
+        return _TASK_ID.fullmatch(task) is None
+    return isinstance(task, Sequence) and not isinstance(task, Mapping)
+
+
+def prompt_instruction(prompt: str | Sequence[Mapping[str, Any]]) -> str:
+    """The instruction a prompt carries: the string itself, or its last user message's text."""
+    if isinstance(prompt, str):
+        return prompt.strip()
+    for message in reversed(prompt):
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # OpenAI's content parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            return str(content or "").strip()
+    raise ValueError("a chat prompt needs a user message carrying the task's instruction")
+
+
+class TaskCatalog:
+    """The tasks a factory offers: its split, cut to `indices` or the first `num_tasks` (as OpenEnv's
+    HarborSessionFactory, `envs/harbor_env/harness.py`), found again by the instruction a prompt carries."""
+
+    def __init__(self, tasks: Sequence[TaskInfo], *, num_tasks: int | None, indices: Sequence[int] | None):
+        tasks = list(tasks)
+        if indices is not None:
+            bad = [i for i in indices if not 0 <= i < len(tasks)]
+            if bad:
+                raise ValueError(f"indices {bad[:5]} are out of range: the split has {len(tasks)} tasks")
+            tasks = [tasks[i] for i in indices]
+        elif num_tasks is not None:
+            tasks = tasks[:num_tasks]
+        self.tasks = tasks
+        self._by_instruction: dict[str, list[TaskInfo]] = {}
+        for task in tasks:
+            self._by_instruction.setdefault(task.instruction.strip(), []).append(task)
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [prompt_row(task) for task in self.tasks]
+
+    def find(self, prompt: str | Sequence[Mapping[str, Any]]) -> TaskInfo:
+        """The one task whose instruction the prompt carries; ValueError naming the prompt otherwise."""
+        instruction = prompt_instruction(prompt)
+        matches = self._by_instruction.get(instruction, [])
+        if len(matches) == 1:
+            return matches[0]
+        words = " ".join(instruction.split()[:8])
+        if not matches:
+            raise ValueError(
+                f"the prompt {words!r}... is the instruction of none of the {len(self.tasks)} tasks offered; "
+                "build the dataset from factory.prompt_rows() so each prompt is a task's instruction"
+            )
+        ids = ", ".join(t.task_id for t in matches)
+        raise ValueError(
+            f"the prompt {words!r}... is the instruction of {len(matches)} tasks ({ids}); pass a task id"
+        )
+
+
 def task_selector(task: TaskRef) -> dict[str, Any]:
-    """`task_index` or `task_id` for a rollout request, from whatever the caller holds."""
+    """`task_index` or `task_id` for a rollout request, from a task reference (not a prompt)."""
     if isinstance(task, bool):
-        raise TypeError("a task is an index, an id or a prompt row, not a bool")
+        raise TypeError("a task is an index, an id, a prompt row or a prompt, not a bool")
     if isinstance(task, int):
         return {"task_index": task}
     if isinstance(task, str):
@@ -306,7 +374,7 @@ class _FactoryConfig:
     def __init__(
         self,
         *,
-        split: str,
+        split: str | None,
         harness: str,
         sandbox: str | None,
         llm_url: str | None,
@@ -316,28 +384,47 @@ class _FactoryConfig:
         agent_step_limit: int,
         purpose: Purpose,
         metadata: Mapping[str, Any] | None,
+        reward_key: str | None = None,
+        api_key: str | None = None,
+        auth_header: str | None = None,
     ) -> None:
-        self.split = split
+        self.split = split or None
+        """None until the server's first split is looked up (OpenEnv's default)."""
         self.harness = harness
         self.sandbox = sandbox
-        self.llm_url = llm_url
-        self.model = model
+        self.llm_url = llm_url or None
+        self.model = model or None
         if sampling is None:
             sampling = SamplingParams()
         elif not isinstance(sampling, SamplingParams):
             sampling = SamplingParams.model_validate(dict(sampling))
+        if purpose == "train":
+            sampling.require_neutral()  # here, not at the first rollout: a bad policy fails the trainer's set-up
         self.sampling = sampling
-        self.agent_timeout_sec = agent_timeout_sec
+        self.agent_timeout_sec = agent_timeout_sec or None  # OpenEnv's 0: the task's own timeout
         self.agent_step_limit = agent_step_limit
         self.purpose = purpose
         self.metadata = dict(metadata or {})
+        self.reward_key = reward_key or None
+        self.api_key = api_key or None
+        self.auth_header = auth_header or None
 
-    def request(self, task: TaskRef, seed: int | None, episode_id: str | None) -> RolloutRequest:
+    def request(self, task: TaskRef | TaskInfo, seed: int | None, episode_id: str | None) -> RolloutRequest:
+        """The rollout request for `task`. With a task reference `seed` also seeds the sampler (so an
+        evaluation replays); a task found from a prompt (TaskInfo) came the TRL/OpenEnv way, where every
+        member of a group passes the group's id as `seed`: there it only labels the rollout, or the
+        group's members would all sample alike."""
+        if isinstance(task, TaskInfo):
+            selector, seeds_sampler = {"task_id": task.task_id}, False
+        else:
+            selector, seeds_sampler = task_selector(task), True
         sampling = (
             self.sampling
-            if seed is None or self.sampling.seed is not None
+            if seed is None or not seeds_sampler or self.sampling.seed is not None
             else self.sampling.model_copy(update={"seed": seed})
         )
+        if self.split is None:
+            raise RuntimeError("the factory's split is not resolved yet")  # the twins resolve it first
         return RolloutRequest(
             split=self.split,
             harness=self.harness,
@@ -348,10 +435,13 @@ class _FactoryConfig:
             agent_timeout_sec=self.agent_timeout_sec,
             agent_step_limit=self.agent_step_limit,
             purpose=self.purpose,
+            reward_key=self.reward_key,
+            api_key=self.api_key,
+            auth_header=self.auth_header,
             seed=seed,
             episode_id=episode_id,
             metadata=self.metadata,
-            **task_selector(task),
+            **selector,
         )
 
 
@@ -366,19 +456,30 @@ class BaseHarborSessionFactory(Generic[ClientT]):
         self,
         server_url: str | Sequence[str],
         *,
-        split: str,
-        harness: str,
+        split: str | None = None,
+        harness: str = "opencode",
         sandbox: str | None = None,
         llm_url: str | None = None,
         model: str | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         agent_timeout_sec: float | None = 600,
         agent_step_limit: int = 0,
+        reward_key: str | None = None,
+        api_key: str | None = None,
+        auth_header: str | None = None,
+        num_tasks: int | None = None,
+        indices: Sequence[int] | None = None,
         purpose: Purpose = "train",
         metadata: Mapping[str, Any] | None = None,
         capacity_wait_s: float = 0.0,
         timeout_s: float = 60.0,
     ) -> None:
+        """The keywords OpenEnv's HarborSessionFactory takes (`envs/harbor_env/harness.py`) mean what they
+        mean there: `split` None is the server's first, `reward_key` picks the verifier's reward key,
+        `api_key` / `auth_header` are the engine's credential, `num_tasks` / `indices` cut the tasks that
+        `prompt_rows()` offers and prompts are found among. `sandbox` None is the server's --sandbox."""
+        if indices is not None and not list(indices):
+            raise ValueError("indices is empty: no task would be offered (pass None for the whole split)")
         self.config = _FactoryConfig(
             split=split,
             harness=harness,
@@ -390,13 +491,29 @@ class BaseHarborSessionFactory(Generic[ClientT]):
             agent_step_limit=agent_step_limit,
             purpose=purpose,
             metadata=metadata,
+            reward_key=reward_key,
+            api_key=api_key,
+            auth_header=auth_header,
         )
+        self.num_tasks = num_tasks
+        self.indices = list(indices) if indices is not None else None
         self.capacity_wait_s = capacity_wait_s
         """Seconds `create` keeps retrying while every server answers 429 (0: fail at once)."""
         self.clients = [self._client_class(url, timeout_s=timeout_s) for url in server_urls(server_url)]
         self.client = self.clients[0]
         """The first server's client; it lists the tasks (every server is expected to serve the split)."""
         self._spread = Spread(len(self.clients))
+        self._catalog: TaskCatalog | None = None
+
+    def _catalog_of(self, tasks: Sequence[TaskInfo]) -> TaskCatalog:
+        self._catalog = TaskCatalog(tasks, num_tasks=self.num_tasks, indices=self.indices)
+        return self._catalog
+
+    @staticmethod
+    def _first_split(info: ServerInfo) -> str:
+        if not info.datasets:
+            raise BadRolloutRequest("the server serves no dataset, so there is no split to take tasks from")
+        return info.datasets[0].split
 
     @property
     def live_sessions(self) -> dict[str, int]:

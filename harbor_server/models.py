@@ -45,6 +45,12 @@ class RolloutRequest(BaseModel):
     agent_step_limit: int = Field(default=0, ge=0)
     """Most model calls the agent may make (the session's max_model_calls); 0 means no limit."""
     purpose: Purpose = "train"
+    reward_key: str | None = Field(default=None, min_length=1)
+    """Which key of the verifier's reward.json is the reward; None uses the task's [verifier] reward_key."""
+    api_key: str | None = Field(default=None, repr=False)
+    """Credential for `llm_url`, when the engine is token-gated (sent upstream only, never stored)."""
+    auth_header: str | None = Field(default=None, min_length=1)
+    """Header the credential goes in when it is not `Authorization: Bearer` (e.g. `x-api-key`)."""
     seed: int | None = None
     episode_id: str | None = None
     """The caller's own name for this rollout (e.g. GRPO group and member), kept with the result."""
@@ -55,6 +61,8 @@ class RolloutRequest(BaseModel):
         if (self.task_index is None) == (self.task_id is None):
             raise ValueError("give exactly one of task_index and task_id")
         require_int64(self.model_dump(exclude={"task_index"}), "rollout")  # it all goes into the store
+        if self.purpose == "train":
+            self.sampling.require_neutral()
         return self
 
 

@@ -144,7 +144,7 @@ class RolloutRunner:
         spec = SessionCreate(
             llm_url=llm_url,
             model=model,
-            api_key=self.config.llm_api_key if request.llm_url is None else None,
+            api_key=request.api_key or (self.config.llm_api_key if request.llm_url is None else None),
             sampling=request.sampling,
             purpose=request.purpose,
             max_model_calls=request.agent_step_limit,

@@ -295,6 +295,8 @@ class RolloutManager:
         if self._closing:
             raise HarborServerError("the server is shutting down", status=503)
         task = self._resolve_task(request)
+        if request.reward_key is not None:
+            task = task.with_reward_key(request.reward_key)
         harness = self._resolve_harness(request.harness, task)
         backend_name = request.sandbox or self.config.sandbox
         backend = self.backend(backend_name)
@@ -371,8 +373,21 @@ class RolloutManager:
         return state.result
 
     async def trace(self, rollout_id: str) -> TrainingTrace:
-        """The validated, finalized trace; TraceNotTrainable (409) with the findings when it has FATAL ones."""
-        await self.result(rollout_id)
+        """The validated, finalized trace; TraceNotTrainable (409) with the findings when it has FATAL ones,
+        or when the rollout failed or was cancelled: what it captured is not a rollout to train on."""
+        result = await self.result(rollout_id)
+        if result.status in ("failed", "cancelled"):
+            raise TraceNotTrainable(
+                f"rollout {rollout_id} {result.status}, so its capture is not a trainable trace: {result.error}",
+                [
+                    {
+                        "severity": "FATAL",
+                        "code": f"rollout_{result.status}",
+                        "message": result.error or "",
+                        "location": "",
+                    }
+                ],
+            )
         try:
             return await self.service.get_trace(rollout_id)
         except InvalidTraceError as exc:

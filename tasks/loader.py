@@ -74,6 +74,11 @@ class Task:
     def with_id(self, task_id: str) -> Task:
         return replace(self, id=task_id)
 
+    def with_reward_key(self, reward_key: str) -> Task:
+        """This task scored by another key of its reward.json (a rollout's own choice of signal)."""
+        verifier = self.config.verifier.model_copy(update={"reward_key": reward_key})
+        return replace(self, config=self.config.model_copy(update={"verifier": verifier}))
+
     def sandbox_spec(self, name: str, proxy_port: int | None = None) -> SandboxSpec:
         """What a backend needs to start this task's sandbox for the rollout called `name`."""
         env = self.config.environment
