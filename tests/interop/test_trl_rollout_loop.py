@@ -44,7 +44,7 @@ def engine_url(tiny_dir):
 
 
 @pytest.fixture
-def server(tmp_path, sandbox_root, engine_url):
+def server(tmp_path, sandbox_root, engine_url):  # noqa: F811 - the imported fixture
     with running_server(make_config(tmp_path, llm_url=engine_url, model="tiny")) as thread:
         yield thread
 
