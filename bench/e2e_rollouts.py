@@ -57,7 +57,7 @@ QUICK = {"num_generations": 2, "per_device_train_batch_size": 4, "max_concurrent
 
 def even_token_share(outcome: HarnessRolloutOutcome) -> float | None:
     """Dense stand-in reward: the share of even token ids among the completion tokens (None: no tokens)."""
-    ids = [t for turn in outcome.trace.turns for t in turn.completion_token_ids]
+    ids = [t for turn in outcome.training_trace.turns for t in turn.completion_token_ids]
     return sum(1 for t in ids if t % 2 == 0) / len(ids) if ids else None
 
 

@@ -163,7 +163,8 @@ def throughput_table(turns: int, rollouts: int, repeats: int, shape: str, device
     results = {}
     for padding_free in (True, False):
         config = AsyncGRPOConfig(num_generations=1, per_device_train_batch_size=rollouts, padding_free=padding_free,
-                                 learning_rate=1e-5, report_to="none", bf16=bf16)  # fmt: skip
+                                 learning_rate=1e-5, report_to="none", bf16=bf16,
+                                 vllm_server_base_url=None)  # fmt: skip
         trainer = HarnessAsyncGRPOTrainer(model, lambda **_: None, config, train_dataset=[{}])
         trainer._optimize(items)  # warm-up (allocator, kernels)
         best = None

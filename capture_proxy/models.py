@@ -78,6 +78,9 @@ class SamplingParams(_Strict):
     max_tokens: int | None = None
     """Cap on completion tokens per call; None leaves the agent's own value (or the engine default)."""
     seed: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Chat-template arguments sent with every chat call of a train session (vLLM's field, e.g.
+    `{"enable_thinking": false}`), over the agent's own."""
 
     def require_neutral(self) -> None:
         """Raise ValueError naming the first field a training policy may not set (and its neutral value)."""

@@ -206,6 +206,11 @@ def rewrite_request(
             up["max_tokens"] = min([cap, *asked])
         if sampling.get("seed") is not None:
             up["seed"] = sampling["seed"]
+        if endpoint == "chat" and sampling.get("chat_template_kwargs"):
+            up["chat_template_kwargs"] = {
+                **(body.get("chat_template_kwargs") or {}),
+                **sampling["chat_template_kwargs"],
+            }
     sent = {k: up[k] for k in SAMPLING_KEYS if up.get(k) is not None}
     return up, sent, wants
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any, Literal, Protocol
 
@@ -133,6 +134,23 @@ class WeightSyncClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the engine answers GET /health (vLLM's and the embedded engine's), as TRL waits
+        `vllm_server_timeout` for its server; WeightSyncError naming the URL when it never does."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self.http.get("/health", timeout=5.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise WeightSyncError(
+                    f"the engine at {self.base_url} did not answer GET /health within {timeout_s:g} s "
+                    "(vllm_server_timeout): is it running at vllm_server_base_url?"
+                )
+            time.sleep(1.0)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:

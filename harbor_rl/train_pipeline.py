@@ -240,7 +240,8 @@ def rollout_source(
                 embedded_server(output_dir, llm_url, served, config.max_concurrent_rollouts + 1, run.sandbox)
             )
             split = split or ("env-tasks" if run.harness == "env-factory" else "builtin")
-        elif config.vllm_server_base_url is None and llm_url is not None:
+        elif "vllm_server_base_url" not in config.model_fields_set and llm_url is not None:
+            # The engine the agents call is the one to push weights to, unless the user said otherwise.
             config = config.model_copy(
                 update={"vllm_server_base_url": llm_url.rstrip("/").removesuffix("/v1")}
             )

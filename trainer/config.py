@@ -9,15 +9,41 @@ gradient_accumulation_steps` rollouts, i.e. that many / `num_generations` groups
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.errors import TrainerConfigError
 
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
 ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
+LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+
+NEUTRAL_TRL_SAMPLING = {"top_p": 1.0, "top_k": (0, -1), "min_p": (None, 0.0), "repetition_penalty": 1.0}
+"""TRL sampling knobs accepted at their neutral values only: the policy samples its full distribution
+(TRL's loop-owning path refuses anything else through OpenEnv's `training_sampling` too)."""
+UNSUPPORTED_TRL_FIELDS: dict[str, str] = {
+    "model_init_kwargs": "pass a loaded model (or its folder) as `model` instead",
+    "dtype": "pass a loaded model in the dtype you want; `bf16` runs the forward passes in bfloat16",
+    "trust_remote_code": "load the model yourself and pass it as `model`",
+    "router_aux_loss_coef": "MoE auxiliary losses are not implemented",
+    "fork_threshold_tokens": "rows come from the capture's rollout graph, never from re-tokenising",
+    "request_timeout": "the server's client has its own timeouts (HarborSessionFactory timeout_s)",
+    "weight_sync_timeout": "not implemented: a weight sync waits for the engine's answer",
+    "token_budget": "use `max_tokens_per_batch`",
+    "max_inflight_tasks": "use `max_concurrent_rollouts`",
+    "queue_maxsize": "admission control (`max_staleness`) bounds the queue",
+    "heartbeat_stale_after_s": "the rollout worker runs in this process: there is no heartbeat",
+    "log_completions": "not implemented: the trace inspector (`harbor inspect`) shows every rollout",
+    "num_completions_to_print": "not implemented: the trace inspector (`harbor inspect`) shows every rollout",
+    "warmup_ratio": "use `warmup_steps`",
+    "lr_scheduler_kwargs": "not implemented: the schedules take no extra arguments here",
+}
+"""Fields of TRL 1.16's AsyncGRPOConfig (`trl/experimental/async_grpo/async_grpo_config.py`) and its
+TrainingArguments that this trainer does not have, with what to do instead: a TRL config file that sets
+one fails with that line rather than a bare "extra inputs are not permitted"."""
 
 
 class AsyncGRPOConfig(BaseModel):
@@ -32,6 +58,9 @@ class AsyncGRPOConfig(BaseModel):
     """Seeds torch, the prompt order and every rollout's sampling seed."""
     max_steps: int = Field(default=100, ge=1)
     """Optimizer steps to run (a resumed run continues up to this total)."""
+    num_train_epochs: float | None = Field(default=None, gt=0)
+    """Passes over `train_dataset` (one group per prompt); the run stops after them or at `max_steps`,
+    whichever comes first. None: `max_steps` alone."""
     shuffle_dataset: bool = True
     """Visit the prompts in a seeded permutation per epoch (else in dataset order)."""
 
@@ -50,11 +79,20 @@ class AsyncGRPOConfig(BaseModel):
     """Sampling temperature sent to the engine; the trainer's logprobs use the same one."""
     max_completion_length: int | None = Field(default=None, ge=1)
     """`max_tokens` per model call sent with the sampling policy (None: the harness's own)."""
+    max_tool_calling_iterations: int | None = Field(default=None, ge=1)
+    """Most model calls an agent may make in one rollout: passed to the session factory as
+    `agent_step_limit` (the capture proxy's step budget). None: the factory's own."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra chat-template arguments for the engine (e.g. `{"enable_thinking": false}`), sent with every
+    model call of a training rollout as vLLM's `chat_template_kwargs`."""
 
     # -- engine and weight sync ---------------------------------------------------------------------
-    vllm_server_base_url: str | None = None
-    """Engine that serves the policy (vLLM or `harbor engine`); weights are pushed here. None: no
-    weight sync (the engine keeps its weights, which only makes sense for tests of the data path)."""
+    vllm_server_base_url: str | None = "http://localhost:8000"
+    """Engine that serves the policy (vLLM or `harbor engine`); weights are pushed here (TRL's default).
+    None: no weight sync (the engine keeps its weights, which only makes sense for tests of the data
+    path)."""
+    vllm_server_timeout: float = Field(default=240.0, gt=0)
+    """Seconds to wait for the engine to answer before the first weight sync (TRL's)."""
     weight_sync_backend: Literal["nccl", "gloo"] = "nccl"
     """`nccl` for vLLM on a GPU, `gloo` for the embedded engine."""
     weight_sync_steps: int = Field(default=1, ge=1)
@@ -62,7 +100,12 @@ class AsyncGRPOConfig(BaseModel):
 
     # -- optimisation -------------------------------------------------------------------------------
     learning_rate: float = Field(default=1e-6, gt=0)
-    """AdamW learning rate (constant)."""
+    """AdamW learning rate (the peak one when `lr_scheduler_type` decays it)."""
+    lr_scheduler_type: LrScheduler = "constant"
+    """Learning-rate schedule over the run's steps (transformers' `get_scheduler`); constant, as TRL's
+    async GRPO defaults to."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up steps of the `*_with_warmup`, `linear` and `cosine` schedules."""
     weight_decay: float = Field(default=0.0, ge=0)
     adam_beta1: float = Field(default=0.9, ge=0, lt=1)
     adam_beta2: float = Field(default=0.99, ge=0, lt=1)
@@ -108,7 +151,8 @@ class AsyncGRPOConfig(BaseModel):
 
     # -- logging and checkpoints --------------------------------------------------------------------
     report_to: ReportTo = "auto"
-    """`auto`: trackio when installed, else the JSONL file only. The JSONL file is always written."""
+    """`auto`: trackio when installed, else the JSONL file only. The JSONL file is always written. A
+    list, as TRL takes it, names one backend (`["trackio"]`; `[]` or `["none"]`: none)."""
     run_name: str | None = None
     """Name of the run in trackio / W&B (default: the output folder's name)."""
     logging_steps: int = Field(default=1, ge=1)
@@ -117,6 +161,40 @@ class AsyncGRPOConfig(BaseModel):
     """Save a checkpoint every this many steps (0: only at the end of the run)."""
     save_total_limit: int | None = Field(default=None, ge=1)
     """Keep at most this many checkpoints, deleting the oldest (None: keep all)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, neutral in NEUTRAL_TRL_SAMPLING.items():
+            if name in data:
+                value = data.pop(name)
+                allowed = neutral if isinstance(neutral, tuple) else (neutral,)
+                if value not in allowed:
+                    raise ValueError(
+                        f"{name}={value!r}: this trainer samples the policy's full distribution, so {name} must be "
+                        f"{allowed[0] if allowed[0] is not None else allowed[-1]} (only the temperature is a knob)"
+                    )
+        for name in data:
+            if name in UNSUPPORTED_TRL_FIELDS:
+                raise ValueError(
+                    f"{name} (a TRL AsyncGRPOConfig field) is not supported here: {UNSUPPORTED_TRL_FIELDS[name]}"
+                )
+        return data
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            backends = [v for v in value if v != "none"]
+            if len(backends) > 1:
+                raise ValueError(
+                    f"report_to={list(value)}: one backend at a time (the JSONL file is always written)"
+                )
+            return backends[0] if backends else "none"
+        return "auto" if value == "all" else value
 
     @model_validator(mode="after")
     def _check(self) -> AsyncGRPOConfig:
@@ -132,6 +210,15 @@ class AsyncGRPOConfig(BaseModel):
                 f"importance_sampling_max ({self.importance_sampling_max})"
             )
         return self
+
+    def total_steps(self, num_prompts: int) -> int:
+        """The run's optimizer steps for a dataset of `num_prompts`: `max_steps`, or fewer when
+        `num_train_epochs` passes over the prompts end sooner."""
+        if self.num_train_epochs is None:
+            return self.max_steps
+        return max(
+            1, min(self.max_steps, math.ceil(self.num_train_epochs * num_prompts / self.groups_per_step))
+        )
 
     @property
     def rollouts_per_step(self) -> int:

@@ -28,7 +28,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,9 @@ class HarnessAsyncGRPOTrainer:
             weight_decay=self.args.weight_decay,
         )
         self.schedule = PromptSchedule(len(train_dataset), self.args.seed, self.args.shuffle_dataset)
+        self.total_steps = self.args.total_steps(len(train_dataset))
+        """`max_steps`, or fewer when `num_train_epochs` passes over the prompts end sooner."""
+        self.scheduler: Any = None
         self.step = 0
         self.policy_version = 0
         self.weight_sync = weight_sync
@@ -132,22 +138,24 @@ class HarnessAsyncGRPOTrainer:
             self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
         # After resuming: FSDP2 shards the loaded weights, and DDP starts every rank from rank 0's.
         self.module, self.optimizer = self.processes.prepare(self.model, self.optimizer)
+        self.scheduler = self._lr_scheduler()
         syncs = self.processes.on_main(lambda: self.weight_sync is not None)
         if syncs:
+            self.processes.on_main(self._wait_for_engine)
             # The engine must serve exactly these weights before any sample is taken (a resumed run's
             # weights differ from the engine's), and tell us its version.
             self._sync_weights()
         self.processes.on_main(self._start_rollouts)
         self.module.train()
         try:
-            while self.step < args.max_steps:
+            while self.step < self.total_steps:
                 metrics = self._train_step()
                 self.step += 1
                 if syncs and self.step % args.weight_sync_steps == 0:
                     metrics["weight_sync_time_s"] = self._sync_weights()
                 metrics["policy_version"] = self.policy_version
                 self.processes.on_main(lambda m=metrics: self._log(m))
-                if args.save_steps and self.step % args.save_steps == 0 and self.step < args.max_steps:
+                if args.save_steps and self.step % args.save_steps == 0 and self.step < self.total_steps:
                     self.save()
                 if self.step_callback is not None:
                     self.processes.on_main(lambda m=metrics: self._callback(m))
@@ -161,19 +169,43 @@ class HarnessAsyncGRPOTrainer:
                 self.metrics_log.close()
         return self.history
 
+    def _wait_for_engine(self) -> None:
+        wait_ready = getattr(self.weight_sync, "wait_ready", None)  # a caller's own weight_sync may lack it
+        if wait_ready is not None:
+            wait_ready(self.args.vllm_server_timeout)
+
+    def _lr_scheduler(self) -> Any:
+        """transformers' schedule over the run's steps (None for the constant default), advanced past the
+        steps a resumed run has already taken: the schedules are pure functions of the step."""
+        args = self.args
+        if args.lr_scheduler_type == "constant":
+            return None
+        from transformers import get_scheduler
+
+        scheduler = get_scheduler(
+            args.lr_scheduler_type, self.optimizer, num_warmup_steps=args.warmup_steps,
+            num_training_steps=self.total_steps,
+        )  # fmt: skip
+        for _ in range(self.step):
+            scheduler.step()
+        return scheduler
+
     def _start_rollouts(self) -> None:
         """Rank 0's share of starting: the metrics log and the rollout worker."""
         args = self.args
         run_name = args.run_name or Path(args.output_dir).resolve().name
         self.metrics_log = MetricsLogger(args.output_dir, args.report_to, run_name, args.model_dump())
-        factory = self.factory_builder(sampling=sampling_policy(args))
+        limits = (
+            {"agent_step_limit": args.max_tool_calling_iterations} if args.max_tool_calling_iterations else {}
+        )
+        factory = self.factory_builder(sampling=sampling_policy(args), **limits)
         self.worker = RolloutWorker(
             factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn
         )
         self.worker.start()
 
     def _log(self, metrics: dict[str, Any]) -> None:
-        if self.step % self.args.logging_steps == 0 or self.step == self.args.max_steps:
+        if self.step % self.args.logging_steps == 0 or self.step == self.total_steps:
             self.metrics_log.log(metrics, self.step)
             self.history.append({"step": self.step, **metrics})
 
@@ -182,8 +214,17 @@ class HarnessAsyncGRPOTrainer:
 
     def _train_step(self) -> dict[str, Any]:
         shard = self.processes.scatter_from_main(self._plan_step)
+        learning_rate = (
+            self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.args.learning_rate
+        )
         t0 = time.monotonic()
         sums, num_tokens, trained = self._optimize(shard.items, shard.trained)
+        if self.scheduler is not None:  # the schedule follows the step count, steps with nothing to train too
+            with (
+                warnings.catch_warnings()
+            ):  # torch warns when a step made no update; the schedule still moves on
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+                self.scheduler.step()
         train_s = time.monotonic() - t0
         metrics = dict(shard.stats)  # rollout metrics: rank 0's share only
         for key, value in sums.items():
@@ -193,7 +234,7 @@ class HarnessAsyncGRPOTrainer:
             "num_trained_tokens": trained,
             "training_tok/s": num_tokens / train_s if train_s > 0 else 0.0,
             "train_time_s": train_s,  # forward/backward + optimizer step: part of the step-time split
-            "learning_rate": self.args.learning_rate,
+            "learning_rate": learning_rate,
         })  # fmt: skip
         return metrics
 
@@ -234,6 +275,7 @@ class HarnessAsyncGRPOTrainer:
         items: list[TrainItem] = []
         rewards, stds, zero_spread, staleness, lengths = [], [], 0, [], []
         env_rewards, calls_per_rollout, failures, calls_total = [], [], 0, 0
+        calls_by_name: Counter[str] = Counter()
         failed = sum(s.failed for g in groups for s in g.samples)
         for group in groups:
             adv = group_advantages([s.reward for s in group.samples])
@@ -250,6 +292,7 @@ class HarnessAsyncGRPOTrainer:
                     rewards.append(sample.reward)
                 if sample.outcome is not None:
                     lengths.append(sample.outcome.completion_tokens)
+                    calls_by_name.update(sample.outcome.tool_calls_by_name)
                     if sample.outcome.env_reward is not None:
                         env_rewards.append(sample.outcome.env_reward)
                 if sample.policy_version is not None:
@@ -257,14 +300,13 @@ class HarnessAsyncGRPOTrainer:
                 if advantage is None or adv.zero_spread:
                     continue  # unscoreable, or a group without signal: nothing to learn
                 items.extend(TrainItem(row, advantage) for row in sample.rows)
-        reward_name = (
-            getattr(self.reward_fn, "__name__", "rollout_reward_fn") if self.reward_fn else "env_reward"
-        )
         n = max(len(groups), 1)
+        # TRL's names: the rollout's reward (rollout_reward_fn's, else the verifier's) is `harness_reward`.
         stats: dict[str, Any] = {
             "reward": _mean(rewards),
             "reward_std": _mean(stds),
-            f"rewards/{reward_name}": _mean(rewards),
+            "rewards/harness_reward/mean": _mean(rewards),
+            "rewards/harness_reward/std": statistics.pstdev(rewards) if rewards else None,
             "frac_reward_zero_std": zero_spread / n,
             "completions/mean_length": _mean(lengths),
             "staleness": _mean(staleness),
@@ -273,6 +315,7 @@ class HarnessAsyncGRPOTrainer:
             "rollout/scoreable": len(rewards),
             "tools/call_frequency": _mean(calls_per_rollout),
             "tools/failure_frequency": failures / calls_total if calls_total else None,
+            **{f"tools/{name}/call_total": count for name, count in sorted(calls_by_name.items())},
         }
         if self.reward_fn is not None:
             stats["rollout/correctness_mean"] = _mean(env_rewards)

@@ -1,4 +1,9 @@
-"""`HarnessRolloutOutcome`: what `rollout_reward_fn` sees of one finished rollout (docs/design.md 3.9)."""
+"""`HarnessRolloutOutcome`: what `rollout_reward_fn` sees of one finished rollout (docs/design.md 3.9).
+
+Its fields are TRL's (`trl/experimental/async_grpo/openenv_harness.py`, trl 1.16.0), so a reward function
+written for TRL's trainer runs here unchanged: `trace` is the list of TraceEntry records and
+`completion` the final message list. Ours carries more: the validated `training_trace`, the status and
+the error."""
 
 from __future__ import annotations
 
@@ -15,7 +20,10 @@ class HarnessRolloutOutcome:
     """The verifier's reward; None means unscoreable (never read it as 0)."""
     completion: list[dict[str, Any]]
     """The final message transcript: the last model call's messages plus its reply."""
-    trace: TrainingTrace
+    trace: list[dict[str, Any]]
+    """TRL's TraceEntry records, one per captured turn (`request`, `response`, token ids, logprobs,
+    `loss_mask`, `metadata` with `node_id`): `training_trace.to_trace_entries()`."""
+    training_trace: TrainingTrace
     """The validated capture, every turn included (masked-out ones too)."""
     tool_call_count: int = 0
     tool_failure_count: int = 0
@@ -32,7 +40,8 @@ class HarnessRolloutOutcome:
         return cls(
             env_reward=env_reward,
             completion=final_transcript(trace),
-            trace=trace,
+            trace=trace.to_trace_entries(),
+            training_trace=trace,
             tool_call_count=int(metrics.get("tool_call_count", sum(by_name.values())) or 0),
             tool_failure_count=int(metrics.get("tool_failure_count", 0) or 0),
             tool_calls_by_name=by_name,
@@ -43,7 +52,7 @@ class HarnessRolloutOutcome:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(len(t.completion_token_ids) for t in self.trace.turns)
+        return sum(len(t.completion_token_ids) for t in self.training_trace.turns)
 
 
 def final_transcript(trace: TrainingTrace) -> list[dict[str, Any]]:

@@ -156,6 +156,8 @@ def sampling_policy(config: AsyncGRPOConfig) -> dict[str, Any]:
     policy: dict[str, Any] = {"temperature": config.temperature, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
     if config.max_completion_length is not None:
         policy["max_tokens"] = config.max_completion_length
+    if config.chat_template_kwargs:
+        policy["chat_template_kwargs"] = dict(config.chat_template_kwargs)
     return policy
 
 

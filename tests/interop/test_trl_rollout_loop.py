@@ -123,3 +123,20 @@ def test_a_mini_swe_agent_rollout_gives_trl_the_engines_tokens(server, engine_ur
     first = sequences[0]
     engine_turn = trace.turns[0]
     assert list(first.input_ids[: len(engine_turn.prompt_token_ids)]) == engine_turn.prompt_token_ids
+
+
+def test_the_trl_guide_example_runs_until_trl_needs_vllm(server, engine_url, tiny_dir):
+    """examples/trl_harness_grpo.py against a real server: it reads the tasks and gets as far as TRL's
+    rollout worker, which needs vLLM (not installed here) and says so."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_harness_grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--server-url", server.url, "--vllm-url", engine_url.removesuffix("/v1"),
+         "--model", str(tiny_dir), "--sandbox", "local"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "13 tasks from" in done.stdout and "stopping where TRL needs vLLM" in done.stderr

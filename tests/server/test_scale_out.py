@@ -240,7 +240,7 @@ def test_two_serve_processes_on_one_postgres_store_behind_one_trainer(pg_store_u
         config = AsyncGRPOConfig(
             output_dir=str(tmp_path / "run"), report_to="jsonl", max_steps=2, num_generations=2,
             per_device_train_batch_size=2, max_concurrent_rollouts=2, max_completion_length=16,
-            learning_rate=1e-3, rollout_timeout_s=120,
+            learning_rate=1e-3, rollout_timeout_s=120, vllm_server_base_url=None,
         )  # fmt: skip
         model, tokenizer = load_model_and_tokenizer(tiny_dir)
         trainer = HarnessAsyncGRPOTrainer(

@@ -39,7 +39,7 @@ def test_trainer_through_harbor_serve_with_gloo_weight_sync(
 
     def longer_is_better(outcome: HarnessRolloutOutcome) -> float | None:
         """The echo verifier gives a tiny random model 0 every time; reward length, to get a spread."""
-        seen_versions.append([t.metadata.policy_version for t in outcome.trace.turns])
+        seen_versions.append([t.metadata.policy_version for t in outcome.training_trace.turns])
         return outcome.completion_tokens / 16
 
     factory = functools.partial(
@@ -63,5 +63,5 @@ def test_trainer_through_harbor_serve_with_gloo_weight_sync(
     assert None not in versions and set(versions) <= {1, 2, 3, 4}
     assert max(versions) >= 2, f"no trace sampled after a push: {seen_versions}"
     assert all(h["staleness"] <= 1 for h in history)
-    assert "rollout/correctness_mean" in history[0] and history[0]["rewards/longer_is_better"] >= 0
+    assert "rollout/correctness_mean" in history[0] and history[0]["rewards/harness_reward/mean"] >= 0
     assert all(h["rollout/failed"] == 0 for h in history)

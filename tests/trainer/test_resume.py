@@ -23,7 +23,7 @@ def run(engine_url: str, tiny_dir, out, max_steps: int, resume: bool) -> Harness
     config = AsyncGRPOConfig(
         output_dir=str(out), report_to="jsonl", seed=7, max_steps=max_steps, num_generations=4,
         per_device_train_batch_size=4, max_concurrent_rollouts=4, learning_rate=1e-3, max_completion_length=4,
-        save_steps=1, save_total_limit=2,
+        save_steps=1, save_total_limit=2, vllm_server_base_url=None,  # the direct factory samples itself
     )  # fmt: skip
     model, tokenizer = load_model_and_tokenizer(tiny_dir)
     factory = functools.partial(DirectSessionFactory, engine_url)

@@ -1,0 +1,86 @@
+"""AsyncGRPOConfig speaks TRL's dialect (trl 1.16.0, `trl/experimental/async_grpo/async_grpo_config.py`): a
+TRL config's knobs that this trainer has mean the same here, and the ones it lacks fail naming the field."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from capture_proxy.upstream import rewrite_request
+from tests.trainer.direct import DirectSessionFactory
+from trainer import AsyncGRPOConfig, HarnessAsyncGRPOTrainer, TrainerConfigError
+from trainer.rollout_worker import sampling_policy
+
+TRL_STYLE = {
+    "output_dir": "runs/x", "learning_rate": 1e-5, "lr_scheduler_type": "cosine", "num_train_epochs": 2,
+    "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 64, "temperature": 0.7,
+    "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0, "max_tool_calling_iterations": 6,
+    "chat_template_kwargs": {"enable_thinking": False}, "vllm_server_timeout": 30.0, "report_to": ["none"],
+    "epsilon": 0.2, "epsilon_high": 0.28, "max_staleness": 2, "weight_sync_steps": 1, "logging_steps": 1,
+}  # fmt: skip
+
+
+def test_a_trl_configs_knobs_mean_the_same_here() -> None:
+    config = AsyncGRPOConfig.validated(TRL_STYLE)
+    assert config.report_to == "none" and config.lr_scheduler_type == "cosine" and config.clip_high == 0.28
+    assert config.vllm_server_base_url == "http://localhost:8000"  # TRL's default
+    # 2 epochs over 10 prompts at 2 groups a step: 10 steps, below max_steps.
+    assert config.total_steps(10) == 10 and AsyncGRPOConfig().total_steps(10) == 100
+    policy = sampling_policy(config)
+    assert policy["chat_template_kwargs"] == {"enable_thinking": False} and policy["temperature"] == 0.7
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("token_budget", 4096, "token_budget .* not supported here: use `max_tokens_per_batch`"),
+        ("max_inflight_tasks", 64, "max_inflight_tasks .* use `max_concurrent_rollouts`"),
+        ("top_p", 0.9, "top_p=0.9: this trainer samples the policy's full distribution"),
+        ("repetition_penalty", 1.1, "repetition_penalty=1.1"),
+        ("report_to", ["trackio", "wandb"], "one backend at a time"),
+        ("no_such_knob", 1, "no_such_knob"),
+    ],
+)
+def test_what_this_trainer_lacks_fails_naming_the_field(field, value, message) -> None:
+    with pytest.raises(TrainerConfigError, match=message):
+        AsyncGRPOConfig.validated({field: value})
+
+
+def test_train_session_calls_carry_the_chat_template_kwargs() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"a": 1}}
+    sampling = {"temperature": 0.7, "chat_template_kwargs": {"enable_thinking": False}}
+    up, _, _ = rewrite_request(body, endpoint="chat", model="m", purpose="train", sampling=sampling)
+    assert up["chat_template_kwargs"] == {"a": 1, "enable_thinking": False}
+
+
+class RecordingFactory(DirectSessionFactory):
+    built_with: list[dict] = []
+
+    def __init__(self, engine_url: str, **kwargs) -> None:
+        RecordingFactory.built_with.append(dict(kwargs))
+        kwargs.pop("agent_step_limit", None)
+        super().__init__(engine_url, **kwargs)
+
+
+def test_epochs_cosine_schedule_and_step_limit_reach_the_run(fresh_engine, tiny_model, tmp_path) -> None:
+    model, tokenizer = tiny_model
+    tasks = [{"task_id": f"t{i}", "prompt_ids": [20 + i, 31, 42], "targets": [100, 101]} for i in range(2)]
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path), report_to="jsonl", num_generations=2, per_device_train_batch_size=2,
+        max_concurrent_rollouts=2, max_completion_length=4, num_train_epochs=1.5, max_steps=50,
+        lr_scheduler_type="cosine", learning_rate=1e-3, max_tool_calling_iterations=3, vllm_server_base_url=None,
+    )  # fmt: skip
+    RecordingFactory.built_with.clear()
+    trainer = HarnessAsyncGRPOTrainer(
+        model, functools.partial(RecordingFactory, fresh_engine.url), config, train_dataset=tasks,
+        processing_class=tokenizer,
+    )  # fmt: skip
+    history = trainer.train()
+    assert [h["step"] for h in history] == [1, 2, 3]  # 1.5 passes over 2 prompts, one group a step
+    rates = [h["learning_rate"] for h in history]
+    assert rates[0] == pytest.approx(1e-3) and rates[0] > rates[1] > rates[2] > 0  # cosine decay over 3 steps
+    assert RecordingFactory.built_with[0]["agent_step_limit"] == 3
+    assert "rewards/harness_reward/mean" in history[0] and "rewards/harness_reward/std" in history[0]
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history if h.get("num_trained_tokens"))
