@@ -9,6 +9,11 @@
     combine_rewards([wordle_win, wordle_partial], [env])                             # [0.4]
 
 Under `harbor serve`, `EnvFactoryHarness` runs the same loop against the rollout's capture session.
+
+OpenEnv's harness layer (the `openenv` extra; imported only by these two modules, it takes seconds):
+`openenv_sessions.EnvironmentSessionFactory` makes these environments OpenEnv `ResourceSession`s for its
+`MCPHarnessAdapter` and `build_harness_rollout_func`, and `openenv_runner` drives an OpenEnv
+`ResourceSessionFactory` with that adapter, which is what the harness does for one named in task.toml.
 """
 
 from harnesses.env_factory.contract import (

@@ -50,31 +50,33 @@ class Tool:
     is_async: bool
 
 
-def load_environment_class(spec: str | type) -> type:
-    """The class named by `module:Class` (or `module.Class`), or `spec` itself when it is a class."""
-    if isinstance(spec, type):
-        return spec
+def load_attribute(spec: str, what: str = "environment") -> Any:
+    """The object `module:attr` (or `module.attr`) names; `what` says what it is for, in errors."""
     if not isinstance(spec, str) or not spec.strip():
-        raise EnvironmentLoadError(f"environment must be a class or a 'module:Class' string, got {spec!r}")
+        raise EnvironmentLoadError(f"{what} must be a class or a 'module:Class' string, got {spec!r}")
     module_name, sep, attr = spec.partition(":")
     if not sep:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
-        raise EnvironmentLoadError(f"environment {spec!r}: write it as 'package.module:ClassName'")
+        raise EnvironmentLoadError(f"{what} {spec!r}: write it as 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EnvironmentLoadError(
-            f"environment {spec!r}: cannot import module {module_name!r}: {exc}"
-        ) from exc
+        raise EnvironmentLoadError(f"{what} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
     target: Any = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise EnvironmentLoadError(
-                f"environment {spec!r}: module {module_name!r} has no {attr!r}"
-            ) from None
+            raise EnvironmentLoadError(f"{what} {spec!r}: module {module_name!r} has no {attr!r}") from None
+    return target
+
+
+def load_environment_class(spec: str | type) -> type:
+    """The class named by `module:Class` (or `module.Class`), or `spec` itself when it is a class."""
+    if isinstance(spec, type):
+        return spec
+    target = load_attribute(spec)
     if not isinstance(target, type):
         raise EnvironmentLoadError(f"environment {spec!r} is a {type(target).__name__}, not a class")
     return target

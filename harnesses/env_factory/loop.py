@@ -121,7 +121,8 @@ def _assistant_message(message: Any) -> dict[str, Any]:
     return out
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """What the model sees when a tool raised (the OpenEnv session adapter sends the same text)."""
     return f"Error: {type(exc).__name__}: {exc}" if str(exc) else f"Error: {type(exc).__name__}"
 
 
@@ -207,7 +208,7 @@ async def _run_tool(
     try:
         output, failed = await factory.call_tool(env, name, arguments), False
     except Exception as exc:  # the tool's failure is the model's feedback, never the episode's end
-        output, failed = _error_text(exc), True
+        output, failed = error_text(exc), True
     return ToolCallRecord(
         call_id=call_id,
         name=name,

@@ -12,6 +12,7 @@ each sample to the functions of its own environment.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +21,33 @@ from typing import Any
 import numpy as np
 
 from harnesses.env_factory.errors import RewardFunctionError
+from harnesses.errors import HarnessConfigError
 
 RewardFunc = Callable[..., list[float | None]]
+
+
+def load_reward_function(spec: str) -> RewardFunc:
+    """The function `module:function` names (task.toml's `reward_funcs`)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise HarnessConfigError(f"reward function {spec!r} cannot be loaded: {exc}") from exc
+    if not callable(function):
+        raise HarnessConfigError(f"reward function {spec!r} is not callable")
+    return function
+
+
+def reward_columns(
+    row: Mapping[str, Any], prompt: list[dict[str, Any]], completion: list[dict[str, Any]]
+) -> dict[str, list[Any]]:
+    """One sample's keywords for the reward functions, as TRL passes them: the dataset columns (the
+    running sandbox left out: it is a resource, not data), `prompts` and `completions` (the messages
+    after the prompt), one list entry per sample."""
+    columns = {k: [v] for k, v in row.items() if k != "sandbox"}
+    columns["prompts"] = [prompt]
+    columns["completions"] = [completion]
+    return columns
 
 
 def reward_name(func: RewardFunc) -> str:
