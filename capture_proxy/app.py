@@ -26,7 +26,8 @@ from capture_proxy.errors import (
     StoreError,
 )
 from capture_proxy.models import INT64_LIMIT, SessionCreate
-from capture_proxy.service import CaptureService, error_response, json_response
+from capture_proxy.responses import error_response, json_response
+from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore
 
 MAX_PAGE = 1000

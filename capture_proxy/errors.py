@@ -58,6 +58,11 @@ class ProxyRequestError(CaptureError):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def upstream_error(status: int, message: str, code: str) -> ProxyRequestError:
+    """The 502/504 an agent gets when the engine could not be reached or failed."""
+    return ProxyRequestError(status, message, type="upstream_error", code=code)
+
+
 class TurnExists(StoreError):
     """A turn with the same (session_id, seq) is already stored."""
 

@@ -1,0 +1,46 @@
+"""Non-streamed agent calls: the engine's whole reply read and captured, its turn recorded, and the
+reply passed back with only the engine-only fields the agent asked for."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+from starlette.responses import Response
+
+from capture_proxy.calls import ModelCall
+from capture_proxy.engine_client import EngineClient
+from capture_proxy.recording import TurnRecorder
+from capture_proxy.responses import JSON
+from capture_proxy.upstream import capture_chat, capture_completion, strip_for_agent
+
+
+class Forwarder:
+    """Answers a non-streamed call once the engine's reply is in and its turn is stored."""
+
+    def __init__(self, engine: EngineClient, recorder: TurnRecorder):
+        self._engine = engine
+        self._recorder = recorder
+
+    async def forward(self, call: ModelCall) -> Response:
+        try:
+            resp = await self._engine.send(call)
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
+        except httpx.HTTPError as exc:
+            raise await self._recorder.transport_failure(call, exc, None) from exc
+        policy_version = self._recorder.policy_version(resp.headers)
+        if resp.status_code >= 400:
+            raise await self._recorder.engine_refusal(call, resp.status_code, resp.content, policy_version)
+        try:
+            data = orjson.loads(resp.content)
+            capture = capture_chat(data) if call.endpoint == "chat" else capture_completion(data)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise await self._recorder.transport_failure(
+                call, ValueError(f"engine sent an unreadable reply: {exc!r}"), policy_version
+            ) from exc
+        strip_for_agent(data, call.wants)
+        out = orjson.dumps(data)
+        await self._recorder.record(call, data, capture, policy_version)
+        return Response(out, media_type=JSON)
