@@ -223,6 +223,8 @@ class SessionCreate(_Strict):
     model: str = Field(min_length=1)
     api_key: str | None = None
     """Key the proxy sends upstream (never shown to the agent)."""
+    auth_header: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")
+    """The header `api_key` goes in (e.g. `x-api-key`), sent as is; None: `Authorization: Bearer`."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     purpose: Purpose = "train"
     max_model_calls: int = Field(default=0, ge=0)

@@ -105,6 +105,7 @@ class SessionRegistry:
             model=spec.model,
             llm_url=llm_url,
             upstream_api_key=spec.api_key or (self.config.upstream_api_key if not spec.llm_url else None),
+            upstream_auth_header=spec.auth_header if spec.api_key else None,
             sampling=spec.sampling.model_dump(),
             max_model_calls=spec.max_model_calls,
             multi_step_task=spec.multi_step_task,
@@ -226,7 +227,9 @@ class SessionRegistry:
     @staticmethod
     def _live(r: SessionRecord) -> LiveSession:
         headers = {"content-type": JSON}
-        if r.upstream_api_key:
+        if r.upstream_api_key and r.upstream_auth_header:
+            headers[r.upstream_auth_header.lower()] = r.upstream_api_key
+        elif r.upstream_api_key:
             headers["authorization"] = f"Bearer {r.upstream_api_key}"
         return LiveSession(
             session_id=r.session_id,

@@ -86,6 +86,11 @@ class ImitationSettings(BaseModel):
     tool_arguments: str | None = None
     """Arguments text of every tool call, verbatim (e.g. broken JSON, as models and some tool parsers
     let through); None: a valid JSON object built from the tool's schema."""
+    api_key: str | None = None
+    """Refuse calls that do not carry this key (401), as `vllm serve --api-key` does."""
+    api_key_header: str = "authorization"
+    """Where the key must be: `authorization` as `Bearer <key>` (vLLM's), or a header holding the bare key,
+    as API gateways take it (e.g. `x-api-key`)."""
     openai_strict: bool = False
     """Refuse vLLM-only fields with 400 as api.openai.com does (an OpenAI-compatible API, not vLLM)."""
 
@@ -248,6 +253,13 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
             return error(400, f"invalid JSON: {exc}", "BadRequestError")
         app.state.requests.append(body)
         cfg = s()
+        if cfg.api_key is not None:
+            sent = request.headers.get(cfg.api_key_header, "")
+            expected = (
+                f"Bearer {cfg.api_key}" if cfg.api_key_header.lower() == "authorization" else cfg.api_key
+            )
+            if sent != expected:
+                return error(401, "imitation: missing or wrong API key", "AuthenticationError")
         if cfg.openai_strict and (extra := sorted(VLLM_ONLY_FIELDS & body.keys())):
             return error(
                 400, f"Unrecognized request argument supplied: {', '.join(extra)}", "BadRequestError"

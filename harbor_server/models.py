@@ -49,7 +49,7 @@ class RolloutRequest(BaseModel):
     """Which key of the verifier's reward.json is the reward; None uses the task's [verifier] reward_key."""
     api_key: str | None = Field(default=None, repr=False)
     """Credential for `llm_url`, when the engine is token-gated (sent upstream only, never stored)."""
-    auth_header: str | None = Field(default=None, min_length=1)
+    auth_header: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")
     """Header the credential goes in when it is not `Authorization: Bearer` (e.g. `x-api-key`)."""
     seed: int | None = None
     episode_id: str | None = None

@@ -145,6 +145,7 @@ class RolloutRunner:
             llm_url=llm_url,
             model=model,
             api_key=request.api_key or (self.config.llm_api_key if request.llm_url is None else None),
+            auth_header=request.auth_header if request.api_key else None,
             sampling=request.sampling,
             purpose=request.purpose,
             max_model_calls=request.agent_step_limit,

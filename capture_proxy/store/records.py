@@ -25,6 +25,8 @@ class SessionRecord(BaseModel):
     llm_url: str
     upstream_api_key: str | None = None
     """Key the proxy sends upstream (never shown to the agent)."""
+    upstream_auth_header: str | None = None
+    """The header that key goes in, sent as is; None: `Authorization: Bearer <key>`."""
     sampling: dict[str, Any] = Field(default_factory=dict)
     max_model_calls: int = Field(default=0, ge=0)
     """Step budget; 0 means no limit."""

@@ -50,6 +50,7 @@ class SessionRow(Base):
     model: Mapped[str] = mapped_column(Text)
     llm_url: Mapped[str] = mapped_column(Text)
     upstream_api_key: Mapped[str | None] = mapped_column(Text)
+    upstream_auth_header: Mapped[str | None] = mapped_column(String(128))
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON)
     max_model_calls: Mapped[int] = mapped_column(Integer)
     multi_step_task: Mapped[bool] = mapped_column(Boolean)
