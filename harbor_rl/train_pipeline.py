@@ -191,7 +191,10 @@ def evaluate(
     The seeds are the same in every evaluation, so before and after differ only in the policy."""
     from trainer.rollout_worker import sampling_policy
 
-    factory = factory_builder(sampling=sampling_policy(config), purpose="eval")
+    # Eval sessions apply the sampling they are given over the agent's; the per-call cap stays the
+    # harness's own, as it was before eval sessions applied any.
+    policy = {k: v for k, v in sampling_policy(config).items() if k != "max_tokens"}
+    factory = factory_builder(sampling=policy, purpose="eval")
 
     def one(i: int) -> float | None:
         session = factory.create(rows[i % len(rows)], seed=1_000_000 + i, episode_id=f"eval-{i}")
