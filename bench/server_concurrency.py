@@ -136,7 +136,7 @@ def harbor_serve(tmp: str, max_envs: int) -> Process:
         sys.executable, "-c", "from harbor_rl.cli import app; app()", "serve", "--dataset", "builtin",
         "--port", str(port), "--capture-port", str(free_port()), "--capture-host", "127.0.0.1",
         "--sandbox", "local", "--store", f"sqlite:///{tmp}/traces.db", "--skip-engine-check",
-        "--max-concurrent-envs", str(max_envs),
+        "--max-concurrent", str(max_envs),
     ]  # fmt: skip
     return Process(cmd, port, os.environ | {"HARBOR_RUNS_DIR": os.path.join(tmp, "runs")})
 

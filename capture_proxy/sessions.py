@@ -106,7 +106,8 @@ class SessionRegistry:
             llm_url=llm_url,
             upstream_api_key=spec.api_key or (self.config.upstream_api_key if not spec.llm_url else None),
             upstream_auth_header=spec.auth_header if spec.api_key else None,
-            sampling=spec.sampling.model_dump(),
+            # Eval sessions keep the agent's sampling but for what the creator set (upstream.rewrite_request).
+            sampling=spec.sampling.model_dump(exclude_unset=spec.purpose != "train"),
             max_model_calls=spec.max_model_calls,
             multi_step_task=spec.multi_step_task,
             task_id=task_id,

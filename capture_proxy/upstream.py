@@ -27,6 +27,9 @@ SAMPLING_KEYS = (
 )
 """The request fields recorded as the sampling a turn was produced with."""
 
+EVAL_OVERRIDES = ("temperature", "top_p", "top_k", "min_p")
+"""Sampling an eval session's creator may set over the agent's (`max_tokens` is a cap in every session)."""
+
 _TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -176,7 +179,9 @@ def rewrite_request(
     """The body sent upstream, the sampling it carries, and which engine-only fields the agent asked for.
 
     Train sessions get the session's own sampling (the importance ratio needs the policy's processed
-    logprobs, untouched by the agent's truncation or penalties); eval sessions keep the agent's.
+    logprobs, untouched by the agent's truncation or penalties). Eval sessions keep the agent's, except
+    the fields their creator set (`harbor eval --temperature/--max-tokens`): an eval session's
+    `sampling` holds only those (see `CaptureService.create_session`).
     """
     up = dict(body)
     up["model"] = model
@@ -199,11 +204,6 @@ def rewrite_request(
         up["frequency_penalty"] = 0.0
         up["repetition_penalty"] = 1.0
         up.pop("logit_bias", None)
-        cap = sampling.get("max_tokens")
-        if cap is not None:
-            asked = [up[k] for k in ("max_tokens", "max_completion_tokens") if up.get(k) is not None]
-            up.pop("max_completion_tokens", None)
-            up["max_tokens"] = min([cap, *asked])
         if sampling.get("seed") is not None:
             up["seed"] = sampling["seed"]
         if endpoint == "chat" and sampling.get("chat_template_kwargs"):
@@ -211,6 +211,14 @@ def rewrite_request(
                 **(body.get("chat_template_kwargs") or {}),
                 **sampling["chat_template_kwargs"],
             }
+    else:
+        # Not the seed: clients seed every session, and an eval samples as the agent asks unless told.
+        up.update({k: sampling[k] for k in EVAL_OVERRIDES if sampling.get(k) is not None})
+    cap = sampling.get("max_tokens")
+    if cap is not None:
+        asked = [up[k] for k in ("max_tokens", "max_completion_tokens") if up.get(k) is not None]
+        up.pop("max_completion_tokens", None)
+        up["max_tokens"] = min([cap, *asked])
     sent = {k: up[k] for k in SAMPLING_KEYS if up.get(k) is not None}
     return up, sent, wants
 

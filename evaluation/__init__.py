@@ -15,8 +15,10 @@ from evaluation.errors import (
     EvaluationError,
     JobConfigMismatch,
     JobNotFound,
+    MissingEngine,
     NoTasksSelected,
     ProviderError,
+    UnknownChoice,
 )
 from evaluation.jobs import EvalConfig, Job, JobSummary, TrialResult
 from evaluation.metrics import Scores, mean_and_se, pass_at_k, score
@@ -31,11 +33,13 @@ __all__ = [
     "Job",
     "JobConfigMismatch",
     "JobNotFound",
+    "MissingEngine",
     "JobSummary",
     "NoTasksSelected",
     "ProviderError",
     "Scores",
     "TrialResult",
+    "UnknownChoice",
     "mean_and_se",
     "pass_at_k",
     "run_collect",

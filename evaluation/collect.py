@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -30,10 +32,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capture_proxy.episodes import Episode, read_episodes
+from capture_proxy.models import SamplingParams
 from evaluation.errors import DatasetMisaligned, ProviderError
-from evaluation.jobs import job_store_url, write_json_atomic
-from evaluation.rollouts import LocalHarbor, RolloutOutcome, token_counts
-from evaluation.runner import load_datasets, select_tasks
+from evaluation.jobs import classify_error, error_line, job_store_url, write_json_atomic
+from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, token_counts
+from evaluation.runner import load_datasets, print_errors, select_tasks
 from harbor_server import RolloutRequest
 from tasks import Dataset
 
@@ -67,6 +70,8 @@ class CollectConfig(BaseModel):
     min_reward: float = 0.0
     agent_timeout_sec: float | None = Field(default=None, gt=0)
     agent_step_limit: int = Field(default=0, ge=0)
+    sampling: SamplingParams | None = None
+    """Sampling applied over the teacher agent's own (only the fields set); None: the agent's own."""
 
     @model_validator(mode="after")
     def _teacher_is_reachable(self) -> CollectConfig:
@@ -264,6 +269,8 @@ class CollectSummary(BaseModel):
     """Episodes already written or dropped before this run."""
     errors: int
     """Episodes of this run without a reward."""
+    error_messages: dict[str, int] = Field(default_factory=dict)
+    """`kind: first line of the error` -> episodes of this run, most first."""
 
 
 @contextlib.asynccontextmanager
@@ -291,6 +298,7 @@ async def run_collect(
     datasets: Mapping[str, Dataset] | None = None,
 ) -> CollectSummary:
     console = console or Console(stderr=True)
+    check_choices(config.harness, config.sandbox)  # before the output folder exists
     datasets = (
         dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
     )
@@ -305,6 +313,7 @@ async def run_collect(
         f"collect into {out_dir}: {total} episodes planned, {skipped} already done, {len(todo)} to run"
     )
     counts = {"ran": 0, "written": 0, "dropped": 0, "errors": 0}
+    errors: Counter[str] = Counter()
     base = {
         "prefix": config.prefix,
         "num_episodes": total,
@@ -314,6 +323,7 @@ async def run_collect(
         "sandbox": config.sandbox,
         "provider": config.provider,
         "keep_losses": config.keep_losses,
+        "sampling": config.sampling.model_dump(exclude_unset=True) if config.sampling is not None else None,
         "min_reward": config.min_reward,
     }
     if todo:
@@ -327,12 +337,14 @@ async def run_collect(
                 llm_api_key=llm_api_key,
                 store_url=store_url or job_store_url(out_dir),
                 max_concurrent=config.n_concurrent,
+                server_id=collect_server_id(out_dir),
             ) as harbor:
                 await _run_episodes(
-                    harbor, dataset, config, datasets, plan, todo, model, base, counts, console
+                    harbor, dataset, config, datasets, plan, todo, model, base, counts, errors, console
                 )
         dataset.sort()  # concurrent episodes were appended as they ended
     dataset.write_metadata(base, counts)
+    print_errors(console, dict(errors.most_common()))
     return CollectSummary(
         out_dir=str(out_dir),
         planned=total,
@@ -341,7 +353,14 @@ async def run_collect(
         ran=counts["ran"],
         skipped=skipped,
         errors=counts["errors"],
+        error_messages=dict(errors.most_common()),
     )
+
+
+def collect_server_id(out_dir: Path) -> str:
+    """The in-process server's owner name, the same in every run into `out_dir`: a resumed run marks
+    the sessions a killed one left `running` as failed."""
+    return "harbor-collect:" + hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:12]
 
 
 async def _run_episodes(
@@ -354,6 +373,7 @@ async def _run_episodes(
     model: str,
     base: dict[str, Any],
     counts: dict[str, int],
+    errors: Counter[str],
     console: Console,
 ) -> None:
     semaphore = asyncio.Semaphore(config.n_concurrent)
@@ -369,7 +389,9 @@ async def _run_episodes(
     async def one(eid: str, bar) -> None:
         split, task_id = plan[eid]
         async with semaphore:
+            sampling = {"sampling": config.sampling} if config.sampling is not None else {}
             request = RolloutRequest(
+                **sampling,
                 split=split,
                 task_id=task_id,
                 harness=config.harness,
@@ -386,6 +408,11 @@ async def _run_episodes(
         episode = build_episode(eid, split, task_id, instruction, outcome, config, model)
         counts["ran"] += 1
         counts["errors"] += episode.reward is None
+        if episode.reward is None:
+            result = outcome.result
+            errors[
+                error_line(classify_error(result.status, None, result.error, result.timed_out), result.error)
+            ] += 1
         if should_keep(episode, keep_losses=config.keep_losses, min_reward=config.min_reward):
             dataset.append(episode)
             counts["written"] += 1

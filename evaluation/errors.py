@@ -25,3 +25,11 @@ class DatasetMisaligned(EvaluationError):
 
 class ProviderError(EvaluationError):
     """A teacher provider that cannot be used as configured (e.g. no --llm-url for `openai`)."""
+
+
+class UnknownChoice(EvaluationError):
+    """A harness or sandbox name that does not exist; the message lists the valid ones."""
+
+
+class MissingEngine(EvaluationError, ValueError):
+    """A harness that calls a model, run without --llm-url or --model (a ValueError, as it was)."""

@@ -11,6 +11,7 @@ file either whole or absent; a trial whose result.json exists is finished and `-
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -176,6 +177,8 @@ class JobSummary(BaseModel):
     scores: Scores
     outcomes: dict[str, int]
     errors_by_kind: dict[str, int]
+    errors_by_message: dict[str, int] = Field(default_factory=dict)
+    """`kind: first line of the error` -> trials, so a summary says what went wrong, not only where."""
     timed_out: int
     tokens: dict[str, int]
     model_calls: int
@@ -193,6 +196,12 @@ class Job:
     @property
     def name(self) -> str:
         return self.root.name
+
+    @property
+    def server_id(self) -> str:
+        """The in-process server's owner name in the store, the same in every run of this job folder."""
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        return f"harbor-eval:{safe_name(self.name)[:100]}:{digest}"
 
     @property
     def config_path(self) -> Path:
@@ -298,6 +307,7 @@ class Job:
             scores=scores,
             outcomes=dict(Counter(t.outcome for t in trials)),
             errors_by_kind=dict(Counter(t.error_kind for t in trials if t.error_kind is not None)),
+            errors_by_message=error_messages(trials),
             timed_out=sum(t.timed_out for t in trials),
             tokens={"prompt": tokens.prompt, "completion": tokens.completion, "total": tokens.total},
             model_calls=sum(t.model_calls for t in trials),
@@ -307,6 +317,22 @@ class Job:
         )
         write_json_atomic(self.result_path, summary.model_dump(mode="json"))
         return summary
+
+
+ERROR_TEXT_CHARS = 300
+
+
+def error_line(kind: str | None, error: str | None) -> str:
+    """`kind: the error's first line`, cut to ERROR_TEXT_CHARS: how distinct errors are counted."""
+    first = next((line.strip() for line in (error or "").splitlines() if line.strip()), "no message")
+    text = f"{kind or 'other'}: {first}"
+    return text if len(text) <= ERROR_TEXT_CHARS else text[: ERROR_TEXT_CHARS - 1] + "…"
+
+
+def error_messages(trials: list[TrialResult]) -> dict[str, int]:
+    """Each distinct error of the trials without a reward, with how many trials had it, most first."""
+    counts = Counter(error_line(t.error_kind, t.error) for t in trials if t.outcome == "error")
+    return dict(counts.most_common())
 
 
 def latest_job(jobs_dir: Path) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from capture_proxy.models import TrainingTurn
+from evaluation.errors import MissingEngine, UnknownChoice
 from harbor_server import (
     CapacityExceeded,
     HarborServer,
@@ -25,7 +26,8 @@ from harbor_server import (
     ServeConfig,
     free_port,
 )
-from harnesses import MODEL_FREE_HARNESSES
+from harnesses import MODEL_FREE_HARNESSES, harness_names
+from sandboxes import BACKENDS
 from tasks import Dataset
 
 UNUSED_ENGINE_URL = "http://127.0.0.1:9/v1"
@@ -35,6 +37,15 @@ WAIT_SLICE_S = 30.0
 """Long-poll slice while waiting for a rollout (a cancel of the caller interrupts between slices)."""
 
 
+def check_choices(harness: str, sandbox: str) -> None:
+    """Refuse an unknown harness or sandbox before any job folder or trial exists, naming the valid ones
+    (otherwise every trial of the job runs and errors with the same message)."""
+    if harness not in harness_names():
+        raise UnknownChoice(f"unknown harness {harness!r}; choose one of: {', '.join(harness_names())}")
+    if sandbox not in BACKENDS:
+        raise UnknownChoice(f"unknown sandbox {sandbox!r}; choose one of: {', '.join(BACKENDS)}")
+
+
 def engine_for(harness: str, llm_url: str | None, model: str | None) -> tuple[str, str]:
     """The engine URL and model a run uses; only model-free harnesses may leave them out."""
     if llm_url is not None and model is not None:
@@ -42,7 +53,7 @@ def engine_for(harness: str, llm_url: str | None, model: str | None) -> tuple[st
     if harness in MODEL_FREE_HARNESSES:
         return llm_url or UNUSED_ENGINE_URL, model or UNUSED_MODEL
     missing = " and ".join(n for n, v in (("--llm-url", llm_url), ("--model", model)) if v is None)
-    raise ValueError(f"harness {harness!r} calls a model: give {missing}")
+    raise MissingEngine(f"harness {harness!r} calls a model: give {missing}")
 
 
 @dataclass
@@ -76,7 +87,10 @@ class LocalHarbor:
         llm_api_key: str | None = None,
         store_url: str | None = None,
         max_concurrent: int = 4,
+        server_id: str | None = None,
     ) -> None:
+        """`server_id`: the same for every run of one job, so a resumed run's server marks the sessions
+        a killed run left `running` as failed (a starting server fails only its own leftovers)."""
         config = ServeConfig(
             datasets=[d.source for d in datasets.values()],
             llm_url=llm_url,
@@ -90,6 +104,7 @@ class LocalHarbor:
             store_url=store_url,
             max_concurrent_envs=max_concurrent,
             check_engine=False,
+            server_id=server_id,
         )
         self.server = HarborServer(config, datasets=datasets)
         self._http: asyncio.Task | None = None
@@ -122,6 +137,11 @@ class LocalHarbor:
             with contextlib.suppress(Exception):
                 await self._http
         await self.server.stop()
+
+    @property
+    def leftovers_marked(self) -> int:
+        """Sessions a killed run of the same `server_id` left `running`, marked failed at start."""
+        return self.server.orphans_marked
 
     @property
     def store_url(self) -> str:

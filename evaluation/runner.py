@@ -32,7 +32,7 @@ from evaluation.jobs import (
     latest_job,
 )
 from evaluation.metrics import passed
-from evaluation.rollouts import LocalHarbor, RolloutOutcome, engine_for, token_counts
+from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, engine_for, token_counts
 from harbor_server import RolloutRequest
 from tasks import Dataset
 
@@ -137,6 +137,9 @@ async def run_eval(
 ) -> JobSummary:
     """Run (or resume) one job; returns its summary, also written to <job>/result.json."""
     console = console or Console(stderr=True)
+    # Everything that can be refused is refused here, before the job folder exists: a typo must not
+    # leave a folder that a bare --resume then takes for the latest job.
+    check_choices(config.harness, config.sandbox)
     llm_url, model = engine_for(config.harness, config.llm_url, config.model)
     datasets = (
         dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
@@ -160,12 +163,19 @@ async def run_eval(
             llm_api_key=llm_api_key,
             store_url=store_url or job_store_url(job.root),
             max_concurrent=config.n_concurrent,
+            server_id=job.server_id,
         ) as harbor:
+            if harbor.leftovers_marked:
+                console.print(
+                    f"[yellow]marked {harbor.leftovers_marked} session(s) a killed run of this job left "
+                    "running as failed[/]"
+                )
             await _run_trials(harbor, job, config, todo, console)
     summary = job.summarize(
         planned_trials=len(trials), started_at=started_at, wall_time_s=previous + time.monotonic() - t0
     )
     console.print(results_table(summary))
+    print_errors(console, summary.errors_by_message)
     console.print(f"traces: harbor inspect --store {store_url or job_store_url(job.root)}")
     return summary
 
@@ -216,6 +226,20 @@ async def _run_trials(
     with progress:
         bar = progress.add_task(f"{config.harness}", total=len(todo), passed=0, failed=0, errors=0)
         await asyncio.gather(*(one(t, bar) for t in todo))
+
+
+SHOWN_ERRORS = 10
+
+
+def print_errors(console: Console, counts: Mapping[str, int]) -> None:
+    """The distinct errors, most frequent first: `13 x runner: ValueError: ...`."""
+    if not counts:
+        return
+    console.print(f"[bold yellow]{len(counts)} distinct error(s):[/]")
+    for text, n in list(counts.items())[:SHOWN_ERRORS]:
+        console.print(f"  {n} x {text}", highlight=False, markup=False)
+    if len(counts) > SHOWN_ERRORS:
+        console.print(f"  ... and {len(counts) - SHOWN_ERRORS} more (result.json: errors_by_message)")
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -2,19 +2,143 @@
 
 Each command lives in its own `commands/` module and imports its package inside the function body,
 so `harbor proxy` never loads torch and `harbor tasks check` never starts a server.
+
+What every command shares lives here, in `HarborGroup`:
+- an error the user caused (any package's own errors, a config that fails validation) is one line,
+  `harbor CMD: message`, and a hint, never a traceback; `--debug` (anywhere on the line) or
+  HARBOR_DEBUG=1 shows the traceback; any other exception is a bug and keeps its traceback;
+- one name per setting across commands; the old spellings (`DEPRECATED_FLAGS`) still work, print a
+  one-line note and are left out of --help.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+import click
 import typer
+from typer.core import TyperGroup
 
 from harbor_rl.commands import bench, collect, engine, inspect, jobs, proxy, serve, sft, tasks
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
+from harbor_rl.user_errors import user_error_message
+
+DEBUG_FLAG = "--debug"
+DEBUG_ENV = "HARBOR_DEBUG"
+DEPRECATED_FLAGS: dict[tuple[str, ...], dict[str, str]] = {
+    ("eval",): {
+        "--n-concurrent": "--max-concurrent",
+        "--jobs-dir": "--output-dir",
+        "--task-glob": "--task",
+        "--agent-timeout": "--agent-timeout-sec",
+        "--step-limit": "--agent-step-limit",
+    },
+    ("collect",): {
+        "--n-concurrent": "--max-concurrent",
+        "--output": "--output-dir",
+        "--task-glob": "--task",
+        "--keep-losses": "--keep-all",
+    },
+    ("serve",): {"--max-concurrent-envs": "--max-concurrent"},
+    ("tasks", "check"): {"--concurrency": "--max-concurrent"},
+}
+"""Old flag -> its one name now, per command. Concurrency is `--max-concurrent`, limits are the client's
+`--agent-timeout-sec` / `--agent-step-limit`, output folders `--output-dir` (`-o`), task selection
+`--task` (eval and collect take fnmatch patterns), and keeping every episode `--keep-all`."""
+
+
+def _debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class HarborGroup(TyperGroup):
+    """The top-level `harbor` group: old flag spellings, `--debug`, and user errors as one line."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args, debug = _strip_debug(list(args))
+        ctx.meta["harbor.debug"] = debug or _debug_requested()
+        ctx.meta["harbor.command"] = self._command_path(args)
+        args = _rename_deprecated(args, ctx.meta["harbor.command"])
+        return super().parse_args(ctx, args)
+
+    def _command_path(self, args: list[str]) -> tuple[str, ...]:
+        """`("eval",)` for `harbor eval ...`, `("tasks", "check")` for a command of a group."""
+        words = [a for a in args if not a.startswith("-")][:2]
+        if not words:
+            return ()
+        if isinstance(self.commands.get(words[0]), click.Group | TyperGroup) and len(words) > 1:
+            return (words[0], words[1])
+        return (words[0],)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            message = user_error_message(exc)
+            if message is None or ctx.meta.get("harbor.debug"):
+                raise  # a bug (or --debug): the traceback is what helps
+            command = " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
+            console = _stderr()
+            console.print(f"[bold red]{command}:[/] {message}", highlight=False, markup=True)
+            console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
+            raise typer.Exit(1) from None
+
+
+def _stderr():
+    from rich.console import Console
+
+    # soft_wrap: the message stays one line however narrow the terminal (it wraps, it is not split).
+    return Console(stderr=True, soft_wrap=True)
+
+
+def _strip_debug(args: list[str]) -> tuple[list[str], bool]:
+    """`--debug` may come anywhere before a `--`; no command has an option of that name."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a != DEBUG_FLAG]
+    return kept + args[end:], len(kept) != end
+
+
+def _rename_deprecated(args: list[str], path: tuple[str, ...]) -> list[str]:
+    renames = next((DEPRECATED_FLAGS[p] for p in (path[:2], path[:1]) if p in DEPRECATED_FLAGS), None)
+    if not renames:
+        return args
+    out, noted = [], set()
+    end = args.index("--") if "--" in args else len(args)
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if i < end and name in renames:
+            if name not in noted:
+                noted.add(name)
+                _stderr().print(
+                    f"[yellow]harbor {' '.join(path)}: {name} is deprecated; use {renames[name]}[/]",
+                    highlight=False,
+                )
+            arg = renames[name] + sep + value
+        out.append(arg)
+    return out
+
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Harbor-RL: train real coding agents with RL."
+    cls=HarborGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    help="Harbor-RL: train real coding agents with RL.",
 )
+
+
+@app.callback()
+def _main(
+    debug: bool = typer.Option(
+        False,
+        DEBUG_FLAG,
+        help=f"Show the traceback of an error (also {DEBUG_ENV}=1); accepted anywhere on the line.",
+    ),
+) -> None:
+    """Harbor-RL: train real coding agents with RL."""
+    # HarborGroup.parse_args takes --debug out before the options are parsed; this declares it for --help.
+
 
 proxy.register(app)
 engine.register(app)

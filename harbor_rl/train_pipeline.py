@@ -51,18 +51,22 @@ class TrainRun(BaseModel):
     tasks: list[str] | None = None
     """Task ids to train on (default: every task of the split)."""
     harness: str = "env-factory"
+    """The agent harness that runs each rollout (env-factory, mini-swe-agent, opencode, ...)."""
     sandbox: str = "local"
+    """Where the agents run: local, docker or e2b."""
     llm_url: str | None = None
     """OpenAI base URL of the engine the agents call (embedded: the started engine)."""
     served_model_name: str | None = None
     """The name the engine serves the policy under (default: `model`, or `tiny`)."""
     agent_timeout_sec: float = Field(default=120.0, gt=0)
+    """Seconds an agent may run in one rollout."""
     eval_episodes: int = Field(default=16, ge=0)
     """Episodes evaluated before and after training (0: no evaluation)."""
     sft_steps: int = Field(default=0, ge=0)
     """Supervised warm-up steps on scripted demonstrations before GRPO (0: none). Embedded server and
     the env-factory harness only: the scripted teacher plays the built-in white-box environments."""
     sft_learning_rate: float = Field(default=1e-3, gt=0)
+    """AdamW learning rate of the supervised warm-up."""
     sft_batch_size: int = Field(default=4, ge=1)
     """Demonstrations per SFT step."""
     demo_episodes: int = Field(default=8, ge=1)
@@ -191,7 +195,10 @@ def evaluate(
     The seeds are the same in every evaluation, so before and after differ only in the policy."""
     from trainer.rollout_worker import sampling_policy
 
-    factory = factory_builder(sampling=sampling_policy(config), purpose="eval")
+    # Eval sessions apply the sampling they are given over the agent's; the per-call cap stays the
+    # harness's own, as it was before eval sessions applied any.
+    policy = {k: v for k, v in sampling_policy(config).items() if k != "max_tokens"}
+    factory = factory_builder(sampling=policy, purpose="eval")
 
     def one(i: int) -> float | None:
         session = factory.create(rows[i % len(rows)], seed=1_000_000 + i, episode_id=f"eval-{i}")

@@ -233,7 +233,10 @@ class Endpoints:
 
     @staticmethod
     def start_rollout(request: RolloutRequest) -> Call[RolloutState]:
-        return Call("POST", "/rollouts", _as(RolloutState), json=request.model_dump(mode="json"))
+        body = request.model_dump(mode="json")
+        # Only the sampling fields the caller set: an eval session applies exactly those over the agent's.
+        body["sampling"] = request.sampling.model_dump(mode="json", exclude_unset=True)
+        return Call("POST", "/rollouts", _as(RolloutState), json=body)
 
     @staticmethod
     def rollout(rollout_id: str) -> Call[RolloutState]:

@@ -44,6 +44,32 @@ async def probe_engine(
     return status
 
 
+async def engine_context_length(
+    url: str, model: str, *, api_key: str | None = None, timeout_s: float = 5.0
+) -> int | None:
+    """The engine's context length for `model`: the `max_model_len` that vLLM and `harbor engine` report
+    in GET /models. None when the engine reports none (a hosted API). Raises httpx.HTTPError when the
+    engine cannot be asked, so a caller caches only real answers."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s) as client:
+        response = await client.get("/models")
+        response.raise_for_status()
+    return model_context_length(response.json(), model)
+
+
+def model_context_length(payload: Any, model: str) -> int | None:
+    """`max_model_len` of `model` in an OpenAI model list (None when absent or not a positive int)."""
+    try:
+        entries = payload["data"]
+    except (KeyError, TypeError):
+        return None
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            value = entry.get("max_model_len")
+            return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return None
+
+
 async def _check_models(client: httpx.AsyncClient, url: str, model: str | None, status: EngineStatus) -> bool:
     try:
         response = await client.get("/models")

@@ -23,12 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from capture_proxy.config import normalize_engine_url
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.models import SessionCreate
 from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore
 from harbor_server.config import ServeConfig
+from harbor_server.engine_check import engine_context_length
 from harbor_server.errors import BadRolloutRequest, HarborServerError
 from harbor_server.models import RolloutPhase, RolloutRequest, RolloutState, RolloutStatus
 from harnesses import MODEL_FREE_HARNESSES, AgentOutcome, AgentRun, Harness
@@ -119,6 +122,8 @@ class RolloutRunner:
         self.service = service
         self._on_done = on_done
         """Called on the home loop once a rollout's end is recorded (or recording it failed)."""
+        self._context_lengths: dict[tuple[str, str], int | None] = {}
+        """(engine URL, model) -> the engine's max_model_len; asked once per engine, not per rollout."""
         self.home: asyncio.AbstractEventLoop | None = None
         """The home loop; the manager sets it when it starts, before any rollout runs."""
 
@@ -265,9 +270,27 @@ class RolloutRunner:
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         return f"http://{host}:{self.config.capture_port}/v1"
 
+    async def _context_length(self, live: LiveRollout) -> int | None:
+        """The engine's context length, so a harness can keep its agent's requests inside it (opencode
+        asks for 32,000 completion tokens by default, which a 32k-context engine refuses)."""
+        if live.request.harness in MODEL_FREE_HARNESSES:
+            return None
+        key = (live.llm_url, live.model)
+        if key not in self._context_lengths:
+            api_key = self.config.llm_api_key if live.request.llm_url is None else None
+            try:
+                self._context_lengths[key] = await engine_context_length(
+                    normalize_engine_url(live.llm_url), live.model, api_key=api_key
+                )
+            except (httpx.HTTPError, ValueError) as exc:  # not cached: the next rollout asks again
+                log.warning("could not read the context length of %s: %r", live.llm_url, exc)
+                return None
+        return self._context_lengths[key]
+
     async def _run_agent(self, live: LiveRollout, sandbox: Sandbox, ending: _Ending) -> None:
         request, task = live.request, live.task
         timeout_s = request.agent_timeout_sec or task.config.agent.timeout_sec
+        context_length = await self._context_length(live)
         run = AgentRun(
             instruction=task.instruction,
             base_url=self._agent_base_url(live.backend_name, sandbox),
@@ -278,6 +301,8 @@ class RolloutRunner:
             step_limit=request.agent_step_limit,
             purpose=request.purpose,
             solution_dir=task.paths.solution_dir if task.paths.has_solution else None,
+            context_length=context_length,
+            max_tokens=request.sampling.max_tokens,
             extra={
                 "seed": request.seed,
                 "episode_id": request.episode_id,

@@ -38,6 +38,11 @@ class AgentRun(BaseModel):
     purpose: Literal["train", "eval"] = "train"
     solution_dir: Path | None = None
     """The task's solution/ folder on the host (only the oracle harness uses it)."""
+    context_length: int | None = None
+    """The engine's context (prompt + completion tokens per call, vLLM's max_model_len) when it reports
+    one: a harness whose agent asks for a fixed completion size must keep it inside this."""
+    max_tokens: int | None = None
+    """The session's cap on completion tokens per call, when one is set (the proxy enforces it too)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -9,7 +9,9 @@ OPENCODE_CONFIG_CONTENT: one `@ai-sdk/openai-compatible` provider whose baseURL 
 and apiKey the session key. Start-up is made offline-safe: no models.dev fetch, no auto-update, no
 plugin install from npm (OPENCODE_PURE), and no project config, so a task's own opencode.json cannot
 redirect the agent. Training runs disable tools that leave the sandbox (webfetch, websearch,
-codesearch). opencode has no hard step limit of its own (`steps` only asks the model to stop), so the
+codesearch). Its model entry carries `limit: {context, output}` sized to the engine's context
+(`model_limit`): without it opencode asks for 32,000 completion tokens on every call, which an engine
+with a 32k context refuses, so no call would be captured. opencode has no hard step limit of its own (`steps` only asks the model to stop), so the
 proxy's `max_model_calls` is what ends a run at the step limit: it answers with a final message and
 no tool call. Tool counts come from the JSON event stream it prints.
 """
@@ -42,6 +44,11 @@ STATE_DIR = "/tmp/harbor-rl-opencode"
 """opencode's XDG config/data/cache/state folders (its session database and logs live here)."""
 INSTRUCTION_FILE = f"{STATE_DIR}/instruction.md"
 OFF_SANDBOX_TOOLS = ("webfetch", "websearch", "codesearch")
+OUTPUT_TOKEN_MAX = 32_000
+"""opencode's completion size when its model has no `limit.output` (`OUTPUT_TOKEN_MAX` in its source)."""
+OUTPUT_SHARE = 4
+"""opencode asks for `limit.output` tokens on every call and compacts the conversation once it nears
+`context - output`; a quarter of the context for the answer leaves three quarters for the prompt."""
 
 
 class OpenCodeHarness:
@@ -156,7 +163,7 @@ def render_config(run: AgentRun) -> dict[str, Any]:
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Harbor capture proxy",
                 "options": {"baseURL": run.base_url, "apiKey": run.api_key},
-                "models": {run.model: {"name": run.model}},
+                "models": {run.model: model_entry(run)},
             }
         },
         "model": f"{PROVIDER}/{run.model}",
@@ -169,6 +176,28 @@ def render_config(run: AgentRun) -> dict[str, Any]:
     if run.step_limit > 0:
         config["agent"] = {"build": {"steps": run.step_limit}}
     return config
+
+
+def model_entry(run: AgentRun) -> dict[str, Any]:
+    """The provider's model entry; with a `limit` whenever the engine's context or a cap is known."""
+    entry: dict[str, Any] = {"name": run.model}
+    limit = model_limit(run.context_length, run.max_tokens)
+    if limit is not None:
+        entry["limit"] = limit
+    return entry
+
+
+def model_limit(context_length: int | None, max_tokens: int | None) -> dict[str, int] | None:
+    """opencode's `limit` (both keys required by its schema; context 0 means unknown, no compaction):
+    the completion size is a share of the context, the session's cap when lower, never above 32,000."""
+    if context_length is None and max_tokens is None:
+        return None
+    output = OUTPUT_TOKEN_MAX
+    if context_length:
+        output = min(output, max(1, context_length // OUTPUT_SHARE))
+    if max_tokens:
+        output = min(output, max_tokens)
+    return {"context": context_length or 0, "output": output}
 
 
 class EventSummary(BaseModel):

@@ -16,12 +16,16 @@ class TaskFormatError(TaskError):
     at fault (None when the whole file is), `problem` what is wrong, in words a task author can act on.
     """
 
-    def __init__(self, file: str | Path, problem: str, key: str | None = None) -> None:
+    def __init__(
+        self, file: str | Path, problem: str, key: str | None = None, *, shown_key: str | None = None
+    ) -> None:
+        """`shown_key`: how the key reads in the message, when not as `key` (a TOML key as the file
+        writes it: `[environment] memory_mb`)."""
         self.file = str(file)
         self.key = key
         self.problem = problem
-        where = f"{self.file} [{key}]" if key else self.file
-        super().__init__(f"{where}: {problem}")
+        shown = shown_key or key
+        super().__init__(f"{self.file}: {shown}: {problem}" if shown else f"{self.file}: {problem}")
 
 
 class DatasetError(TaskError):

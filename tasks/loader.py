@@ -151,12 +151,42 @@ def _read_config(file: Path) -> TaskConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         key = ".".join(str(part) for part in first["loc"]) or None
-        problem = first["msg"]
-        if "input" in first and not isinstance(first["input"], dict):
-            problem += f" (got {first['input']!r})"
+        problem = _plain_problem(first)
         if exc.error_count() > 1:
             problem += f"; and {exc.error_count() - 1} more problem(s)"
-        raise TaskFormatError(file, problem, key) from exc
+        raise TaskFormatError(file, problem, key, shown_key=toml_key(first["loc"])) from exc
+
+
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "string_type": "a string",
+    "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list",
+    "dict_type": "a table (dictionary)", "model_type": "a table (dictionary)",
+}  # fmt: skip
+"""pydantic's type errors in a task author's words."""
+
+
+def _plain_problem(error: dict) -> str:
+    """`expected an integer, got "lots"` for a wrong type; pydantic's own words for other problems."""
+    expected = _EXPECTED.get(error.get("type", ""))
+    value = error.get("input")
+    shown = json.dumps(value) if isinstance(value, str | int | float | bool | list) else None
+    if expected is not None:
+        return f"expected {expected}" + (f", got {shown}" if shown is not None else "")
+    problem = str(error["msg"]).removeprefix("Value error, ")
+    if shown is not None and not isinstance(value, dict):
+        problem += f" (got {shown})"
+    return problem
+
+
+def toml_key(loc: tuple) -> str | None:
+    """A key as task.toml writes it: `[environment] memory_mb`, `[environment] env.PORT`, `schema_version`."""
+    parts = [str(p) for p in loc]
+    if not parts:
+        return None
+    if parts[0] in TaskConfig.model_fields and parts[0] not in ("schema_version",):
+        return f"[{parts[0]}]" + (f" {'.'.join(parts[1:])}" if len(parts) > 1 else "")
+    return ".".join(parts)
 
 
 def _read_instruction(file: Path) -> str:

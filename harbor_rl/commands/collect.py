@@ -8,8 +8,8 @@ import typer
 
 
 def collect_command(
-    output: Path = typer.Option(
-        Path("sft"), "--output", "-o", help="Folder for results.jsonl and metadata.json."
+    output_dir: Path = typer.Option(
+        Path("sft"), "--output-dir", "-o", help="Folder for results.jsonl and metadata.json."
     ),
     dataset: list[str] = typer.Option(
         [],
@@ -39,81 +39,96 @@ def collect_command(
         help="Episodes; episode i runs task i % tasks (default: one per task).",
     ),
     prefix: str = typer.Option("episode", "--prefix", help="Episode ids are <prefix>-<6 digits>."),
-    n_concurrent: int = typer.Option(4, "--n-concurrent", min=1, help="Episodes running at once."),
-    task_glob: list[str] = typer.Option([], "--task-glob", help="Only tasks whose id matches. Repeatable."),
-    keep_losses: bool = typer.Option(
-        False, "--keep-losses", help="Keep every episode, not only reward >= 0."
+    max_concurrent: int = typer.Option(4, "--max-concurrent", min=1, help="Episodes running at once."),
+    task: list[str] = typer.Option(
+        [], "--task", help="Only tasks whose id matches this (an id or an fnmatch pattern). Repeatable."
+    ),
+    keep_all: bool = typer.Option(
+        False, "--keep-all", help="Keep every episode, unscored ones too, not only reward >= --min-reward."
     ),
     min_reward: float = typer.Option(0.0, "--min-reward", help="Keep episodes with reward >= this."),
+    agent_timeout_sec: float | None = typer.Option(
+        None,
+        "--agent-timeout-sec",
+        help="Agent limit in seconds (default: each task's \\[agent] timeout_sec).",
+    ),
+    agent_step_limit: int = typer.Option(
+        0, "--agent-step-limit", min=0, help="Most model calls per episode; 0 = no limit."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0.0, help="Sampling temperature (default: the agent's own)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=1, help="Most completion tokens per model call (default: the agent's own)."
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue an existing output, skipping ids already there."
     ),
     store: str | None = typer.Option(
         None,
         "--store",
-        help="Trace store URL (default: <output>/traces.db; open it with harbor inspect --store).",
+        help="Trace store URL (default: <output dir>/traces.db; open it with harbor inspect --store).",
     ),
     push_to_hub: str | None = typer.Option(
         None, "--push-to-hub", help="Upload to this Hub dataset repo (HF_TOKEN)."
     ),
     private: bool = typer.Option(False, "--private", help="Create the Hub repo as private."),
 ) -> None:
-    """The same rollouts as harbor eval, written as results.jsonl + metadata.json for SFT."""
+    """The same rollouts as harbor eval, written as results.jsonl + metadata.json for SFT.
+
+    Exits 1 when every episode of the run errored (no reward at all), and names the errors."""
     import asyncio
     import os
 
-    from pydantic import ValidationError
     from rich.console import Console
 
     from evaluation.collect import CollectConfig, run_collect
-    from evaluation.errors import EvaluationError
-    from harbor_server.errors import HarborServerError
-    from tasks.errors import TaskError
+    from harbor_rl.commands.eval import sampling_of
 
     console = Console(stderr=True)
     if not dataset:
         dataset = ["env-tasks"] if provider == "scripted" else ["builtin"]
-    try:
-        config = CollectConfig(
-            datasets=dataset,
-            harness=harness,
-            sandbox=sandbox,
-            provider=provider,
-            llm_url=llm_url,
-            model=model,
-            num_episodes=num_episodes,
-            prefix=prefix,
-            n_concurrent=n_concurrent,
-            task_globs=task_glob,
-            keep_losses=keep_losses,
-            min_reward=min_reward,
+    # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
+    config = CollectConfig(
+        datasets=dataset,
+        harness=harness,
+        sandbox=sandbox,
+        provider=provider,
+        llm_url=llm_url,
+        model=model,
+        num_episodes=num_episodes,
+        prefix=prefix,
+        n_concurrent=max_concurrent,
+        task_globs=task,
+        keep_losses=keep_all,
+        min_reward=min_reward,
+        agent_timeout_sec=agent_timeout_sec,
+        agent_step_limit=agent_step_limit,
+        sampling=sampling_of(temperature, max_tokens),
+    )
+    summary = asyncio.run(
+        run_collect(
+            config,
+            out_dir=output_dir,
+            resume=resume,
+            store_url=store,
+            llm_api_key=llm_api_key,
+            console=console,
         )
-    except ValidationError as exc:
-        raise typer.BadParameter(
-            "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-        ) from exc
-    try:
-        summary = asyncio.run(
-            run_collect(
-                config,
-                out_dir=output,
-                resume=resume,
-                store_url=store,
-                llm_api_key=llm_api_key,
-                console=console,
-            )
-        )
-    except (EvaluationError, HarborServerError, TaskError, ValueError) as exc:
-        console.print(f"[bold red]harbor collect:[/] {exc}")
-        raise typer.Exit(1) from None
+    )
     console.print(
-        f"{summary.written} episodes in {output / 'results.jsonl'} ({summary.dropped} dropped by should_keep, "
+        f"{summary.written} episodes in {output_dir / 'results.jsonl'} ({summary.dropped} dropped by should_keep, "
         f"{summary.errors} unscoreable this run)"
     )
+    if summary.ran and summary.errors == summary.ran:
+        console.print(
+            f"[bold red]harbor collect:[/] all {summary.ran} episodes of this run errored (no reward)"
+        )
+        raise typer.Exit(1)
     if push_to_hub is not None:
         from evaluation.hub import push_to_hub as push
 
-        url = push(output, push_to_hub, token=os.environ.get("HF_TOKEN"), private=private)
+        url = push(output_dir, push_to_hub, token=os.environ.get("HF_TOKEN"), private=private)
         console.print(f"pushed to {url}")
 
 

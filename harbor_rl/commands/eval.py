@@ -28,11 +28,13 @@ def eval_command(
         help="Key sent to the endpoint (never to an agent).",
     ),
     attempts: int = typer.Option(1, "-k", "--attempts", min=1, help="Trials per task (the k of pass@k)."),
-    n_concurrent: int = typer.Option(4, "--n-concurrent", min=1, help="Trials running at once."),
-    task_glob: list[str] = typer.Option(
-        [], "--task-glob", help="Run only tasks whose id matches. Repeatable."
+    max_concurrent: int = typer.Option(4, "--max-concurrent", min=1, help="Trials running at once."),
+    task: list[str] = typer.Option(
+        [], "--task", help="Run only tasks whose id matches this (an id or an fnmatch pattern). Repeatable."
     ),
-    jobs_dir: Path = typer.Option(Path("jobs"), "--jobs-dir", help="Folder holding one folder per job."),
+    output_dir: Path = typer.Option(
+        Path("jobs"), "--output-dir", "-o", help="Folder holding one folder per job."
+    ),
     job_name: str | None = typer.Option(
         None, "--job-name", help="Job folder name (default: time + harness)."
     ),
@@ -41,11 +43,19 @@ def eval_command(
         "--resume",
         help="Continue the job (--job-name, else the latest one), skipping finished trials.",
     ),
-    agent_timeout: float | None = typer.Option(
-        None, "--agent-timeout", help="Agent limit in seconds (default: each task's [agent] timeout_sec)."
+    agent_timeout_sec: float | None = typer.Option(
+        None,
+        "--agent-timeout-sec",
+        help="Agent limit in seconds (default: each task's \\[agent] timeout_sec).",
     ),
-    step_limit: int = typer.Option(
-        0, "--step-limit", min=0, help="Most model calls per trial; 0 = no limit."
+    agent_step_limit: int = typer.Option(
+        0, "--agent-step-limit", min=0, help="Most model calls per trial; 0 = no limit."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0.0, help="Sampling temperature (default: the agent's own)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=1, help="Most completion tokens per model call (default: the agent's own)."
     ),
     pass_threshold: float = typer.Option(1.0, "--pass-threshold", help="A trial passes at reward >= this."),
     store: str | None = typer.Option(
@@ -57,16 +67,15 @@ def eval_command(
         None, "--compare", help="Print the tasks whose outcome changed between two job folders, then exit."
     ),
 ) -> None:
-    """Run every task k times through a harness against any OpenAI-compatible endpoint; write a jobs folder."""
+    """Run every task k times through a harness against any OpenAI-compatible endpoint; write a jobs folder.
+
+    Exits 1 when every trial of the run errored (no reward at all), and names the errors."""
     import asyncio
 
-    from pydantic import ValidationError
     from rich.console import Console
 
-    from evaluation.errors import EvaluationError
     from evaluation.jobs import EvalConfig
-    from harbor_server.errors import HarborServerError
-    from tasks.errors import TaskError
+    from evaluation.runner import run_eval
 
     console = Console(stderr=True)
     if compare is not None:
@@ -74,40 +83,48 @@ def eval_command(
         return
     if harness is None:
         raise typer.BadParameter("give --harness (or --compare JOB1 JOB2)", param_hint="--harness")
-    try:
-        config = EvalConfig(
-            datasets=dataset,
-            harness=harness,
-            sandbox=sandbox,
-            llm_url=llm_url,
-            model=model,
-            attempts=attempts,
-            n_concurrent=n_concurrent,
-            task_globs=task_glob,
-            agent_timeout_sec=agent_timeout,
-            agent_step_limit=step_limit,
-            pass_threshold=pass_threshold,
+    # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
+    config = EvalConfig(
+        datasets=dataset,
+        harness=harness,
+        sandbox=sandbox,
+        llm_url=llm_url,
+        model=model,
+        attempts=attempts,
+        n_concurrent=max_concurrent,
+        task_globs=task,
+        agent_timeout_sec=agent_timeout_sec,
+        agent_step_limit=agent_step_limit,
+        sampling=sampling_of(temperature, max_tokens),
+        pass_threshold=pass_threshold,
+    )
+    summary = asyncio.run(
+        run_eval(
+            config,
+            jobs_dir=output_dir,
+            job_name=job_name,
+            resume=resume,
+            store_url=store,
+            llm_api_key=llm_api_key,
+            console=console,
         )
-    except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    from evaluation.runner import run_eval
+    )
+    typer.echo(str(output_dir / summary.job_name / "result.json"))
+    if summary.scores.trials and summary.scores.errors == summary.scores.trials:
+        console.print(
+            f"[bold red]harbor eval:[/] all {summary.scores.trials} trials errored (no reward); "
+            "see the errors above"
+        )
+        raise typer.Exit(1)
 
-    try:
-        summary = asyncio.run(
-            run_eval(
-                config,
-                jobs_dir=jobs_dir,
-                job_name=job_name,
-                resume=resume,
-                store_url=store,
-                llm_api_key=llm_api_key,
-                console=console,
-            )
-        )
-    except (EvaluationError, HarborServerError, TaskError, ValueError) as exc:
-        console.print(f"[bold red]harbor eval:[/] {exc}")
-        raise typer.Exit(1) from None
-    typer.echo(str(jobs_dir / summary.job_name / "result.json"))
+
+def sampling_of(temperature: float | None, max_tokens: int | None):
+    """The rollout request's sampling with only the fields given, so an eval session applies just those
+    over the agent's own (None: the agent's own sampling throughout)."""
+    from capture_proxy.models import SamplingParams
+
+    given = {k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens)) if v is not None}
+    return SamplingParams(**given) if given else None
 
 
 def _compare(first: Path, second: Path) -> None:

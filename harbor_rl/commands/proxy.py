@@ -41,16 +41,14 @@ def proxy(
     console = Console(stderr=True)
     generated = admin_key is None
     key = admin_key or "hk-admin-" + secrets.token_urlsafe(24)
-    try:
-        config = ProxyConfig(
-            upstream_url=upstream,
-            upstream_api_key=upstream_api_key,
-            admin_key=key,
-            public_base_url=public_url,
-            max_body_bytes=max_body_mb * 1024 * 1024,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    # A ValidationError (e.g. an ftp:// upstream) is one line through the CLI layer (harbor_rl.cli).
+    config = ProxyConfig(
+        upstream_url=upstream,
+        upstream_api_key=upstream_api_key,
+        admin_key=key,
+        public_base_url=public_url,
+        max_body_bytes=max_body_mb * 1024 * 1024,
+    )
     trace_store = TraceStore(store)
     console.print(
         f"[bold]capture proxy[/] on http://{host}:{port} -> {config.upstream_url}  store: {trace_store!r}"

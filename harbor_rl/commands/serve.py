@@ -51,8 +51,11 @@ def serve(
         help="This server's owner name in the store, unique among servers sharing it and stable across "
         "restarts (default <hostname>:<port>).",
     ),
-    max_concurrent_envs: int | None = typer.Option(
-        None, "--max-concurrent-envs", envvar="MAX_CONCURRENT_ENVS", help="Most live rollouts; past it 429."
+    max_concurrent: int | None = typer.Option(
+        None,
+        "--max-concurrent",
+        envvar="MAX_CONCURRENT_ENVS",
+        help="Most live rollouts; past it 429 (default: MAX_CONCURRENT_ENVS, else 32).",
     ),
     skip_engine_check: bool = typer.Option(
         False, "--skip-engine-check", help="Do not probe the engine at start-up."
@@ -89,8 +92,8 @@ def serve(
         "check_engine": not skip_engine_check,
         "require_engine": require_engine,
     }
-    if max_concurrent_envs is not None:
-        values["max_concurrent_envs"] = max_concurrent_envs
+    if max_concurrent is not None:
+        values["max_concurrent_envs"] = max_concurrent
     try:
         config = ServeConfig(**values)
     except (ValidationError, ValueError) as exc:

@@ -31,7 +31,7 @@ def sft_command(
 
     from engine.errors import ModelBuildError
     from engine.tiny_model import resolve_model_path
-    from trainer import SFTConfig, TrainerError, run_sft
+    from trainer import SFTConfig, run_sft
 
     console = Console()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
@@ -52,16 +52,13 @@ def sft_command(
         TimeElapsedColumn(), console=console,
     )  # fmt: skip
     bar = progress.add_task("sft", total=None, info="")
-    try:
-        with progress:
-            result = run_sft(
-                config,
-                on_start=lambda steps: progress.update(bar, total=steps),
-                on_step=lambda step, loss: progress.update(bar, completed=step, info=f"loss {loss:.4f}"),
-            )
-    except TrainerError as exc:
-        console.print(f"[bold red]harbor sft failed:[/] {exc}")
-        raise typer.Exit(1) from exc
+    # A TrainerError (no results.jsonl, nothing passes the filters) is one line through the CLI layer.
+    with progress:
+        result = run_sft(
+            config,
+            on_start=lambda steps: progress.update(bar, total=steps),
+            on_step=lambda step, loss: progress.update(bar, completed=step, info=f"loss {loss:.4f}"),
+        )
     console.print(
         f"trained on {result.episodes} episodes ({result.trained_tokens} assistant tokens) for {result.steps} "
         f"steps in {result.seconds:.1f}s: loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}"

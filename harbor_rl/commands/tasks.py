@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         ),
         run: str = typer.Option("", "--run", help="Also run these in a sandbox and verify: oracle,nop."),
         sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend for --run: local or docker."),
-        concurrency: int = typer.Option(2, "--concurrency", min=1, help="Sandboxes run at once."),
+        max_concurrent: int = typer.Option(2, "--max-concurrent", min=1, help="Sandboxes run at once."),
     ) -> None:
         """Validate every task of DATASET and print a table; exit 1 when any task is broken."""
         from rich.console import Console
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         unknown = sorted(set(agents) - {"oracle", "nop"})
         if unknown:
             raise typer.BadParameter(f"--run takes oracle and/or nop, not {', '.join(unknown)}")
-        rows, ok = _check(dataset, agents, sandbox, concurrency)
+        rows, ok = _check(dataset, agents, sandbox, max_concurrent)
         Console().print(_table(dataset, rows, agents))
         raise typer.Exit(0 if ok else 1)
 

@@ -7,7 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
+from typer.core import TyperCommand
+
+FLAG_SETTINGS = {
+    "--model": "model", "--server-url": "server_url", "--split": "split", "--task": "tasks",
+    "--harness": "harness", "--sandbox": "sandbox", "--llm-url": "llm_url", "--output-dir": "output_dir",
+    "--max-steps": "max_steps", "--num-generations": "num_generations", "--learning-rate": "learning_rate",
+    "--eval-episodes": "eval_episodes",
+}  # fmt: skip
+"""Each flag of `harbor train` and the setting (TrainRun or AsyncGRPOConfig field) it sets."""
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -22,8 +32,90 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return values
 
 
+def setting_rows() -> list[tuple[str, str, str, str]]:
+    """(name, default, embedded default, one-line doc) of every setting `--config`/`--set` take: the
+    run's (TrainRun) then the trainer's (AsyncGRPOConfig), read from the classes, so help never drifts."""
+    from harbor_rl.train_pipeline import CODING_DEFAULTS, EMBEDDED_DEFAULTS, TrainRun
+    from trainer.config import AsyncGRPOConfig
+
+    rows = []
+    for model in (TrainRun, AsyncGRPOConfig):
+        docs = _attribute_docs(model)
+        for name, field in model.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            embedded = ""
+            if name in EMBEDDED_DEFAULTS and EMBEDDED_DEFAULTS[name] != default:
+                embedded = _show(EMBEDDED_DEFAULTS[name])
+            if name in CODING_DEFAULTS and CODING_DEFAULTS[name] != EMBEDDED_DEFAULTS.get(name, default):
+                coding = f"coding: {_show(CODING_DEFAULTS[name])}"
+                embedded = f"{embedded}, {coding}" if embedded else coding
+            rows.append((name, _show(default), embedded, docs.get(name, "")))
+    return rows
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def _attribute_docs(model: type) -> dict[str, str]:
+    """The first sentence of each field's docstring (the string under its line in the class body)."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(model))).body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            text = " ".join(following.value.value.split())
+            docs[node.target.id] = text.split(". ")[0].rstrip(".")
+    return docs
+
+
+class TrainCommand(TyperCommand):
+    """`harbor train --help` with each flag's default and, after the options, every setting."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        # Flags default to "not given" (a --config file or the embedded defaults fill them), so the
+        # default each stands for is written into its help here, read from the settings' classes.
+        rows = {name: (default, embedded) for name, default, embedded, _ in setting_rows()}
+        for param in self.params:
+            setting = next((FLAG_SETTINGS[o] for o in param.opts if o in FLAG_SETTINGS), None)
+            if setting is not None:
+                default, embedded = rows[setting]
+                original = getattr(param, "harbor_help", None) or param.help or ""
+                param.harbor_help = original
+                if embedded:
+                    default += f"; {embedded}" if embedded.startswith("coding") else f"; embedded: {embedded}"
+                shown = escape(default)
+                param.help = f"{original} Default: {shown}."
+        super().format_help(ctx, formatter)
+
+        table = Table(
+            title="Settings for --config FILE and --set KEY=VALUE (a flag sets the same setting)",
+            title_justify="left",
+            caption="embedded: the default without --server-url (coding: with --harness other than env-factory)",
+            caption_justify="left",
+        )
+        for column in ("setting", "default", "embedded", "what"):
+            table.add_column(column, overflow="fold")
+        for row in setting_rows():
+            table.add_row(*(escape(cell) for cell in row))  # "[1 - epsilon, ...]" is not markup
+        Console().print(table)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("train")
+    @app.command("train", cls=TrainCommand)
     def train(
         config: Path | None = typer.Option(
             None, "--config", help="YAML file of settings (AsyncGRPOConfig fields and run fields); flags win."
@@ -38,13 +130,17 @@ def register(app: typer.Typer) -> None:
             "servers sharing one store: repeat the flag or give a comma-separated list.",
         ),
         split: str | None = typer.Option(None, "--split", help="Task split on the server."),
-        task: list[str] = typer.Option([], "--task", help="Train on this task id only. Repeatable."),
+        task: list[str] = typer.Option(
+            [], "--task", help="Train on this task id only. Repeatable.", show_default=False
+        ),
         harness: str | None = typer.Option(
             None, "--harness", help="env-factory, mini-swe-agent, opencode, ..."
         ),
         sandbox: str | None = typer.Option(None, "--sandbox", help="local, docker or e2b."),
         llm_url: str | None = typer.Option(None, "--llm-url", help="Engine OpenAI base URL the agents call."),
-        output_dir: str | None = typer.Option(None, "--output-dir", help="Checkpoints and metrics.jsonl."),
+        output_dir: str | None = typer.Option(
+            None, "--output-dir", "-o", help="Checkpoints and metrics.jsonl."
+        ),
         max_steps: int | None = typer.Option(None, "--max-steps", help="Optimizer steps."),
         num_generations: int | None = typer.Option(None, "--num-generations", help="Rollouts per group."),
         learning_rate: float | None = typer.Option(None, "--learning-rate", help="AdamW learning rate."),
@@ -119,15 +215,12 @@ def register(app: typer.Typer) -> None:
 
         evaluations: dict[str, Any] = {}
         started = time.monotonic()
-        try:
-            with progress:
-                _before, _after, history = run_training(
-                    run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
-                    on_progress=on_progress, on_eval=evaluations.__setitem__,
-                )  # fmt: skip
-        except TrainerError as exc:
-            console.print(f"[bold red]harbor train failed:[/] {exc}")
-            raise typer.Exit(1) from exc
+        # A TrainerError (or a model that cannot be loaded) is one line through the CLI layer.
+        with progress:
+            _before, _after, history = run_training(
+                run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
+                on_progress=on_progress, on_eval=evaluations.__setitem__,
+            )  # fmt: skip
         _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 
     return None

@@ -90,7 +90,7 @@ def server_spec(config: RunConfig, public_url: str | None) -> ProcessSpec:
     if public_url:
         argv += ["--expose", "direct", "--public-url", public_url]
     if config.server_capacity is not None:
-        argv += ["--max-concurrent-envs", str(config.server_capacity)]
+        argv += ["--max-concurrent", str(config.server_capacity)]
     return ProcessSpec(
         name="server",
         argv=argv,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -23,7 +23,8 @@ from harbor_rl.cli import app
 from tasks import load_dataset_spec
 
 pytestmark = pytest.mark.timeout(600)
-HARBOR = shutil.which("harbor") or "harbor"
+HARBOR = [sys.executable, "-m", "harbor_rl"]
+"""The CLI of this checkout (a `harbor` console script may belong to another install)."""
 TASKS = load_dataset_spec("env-tasks").ids
 """The built-in white-box tasks in dataset order: episode i runs TASKS[i % len(TASKS)]."""
 
@@ -38,7 +39,7 @@ def test_scripted_collect_writes_a_dataset_that_datasets_reads(tmp_path, runs_di
     out = tmp_path / "sft"
     result = CliRunner().invoke(
         app,
-        ["collect", "--provider", "scripted", "-n", "4", "--output", str(out), "--store", store_url],
+        ["collect", "--provider", "scripted", "-n", "4", "--output-dir", str(out), "--store", store_url],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
@@ -79,8 +80,8 @@ def test_scripted_collect_writes_a_dataset_that_datasets_reads(tmp_path, runs_di
 
 def test_killed_collect_resumes_with_the_same_ids_on_the_same_tasks(tmp_path, runs_dir, store_url):
     out = tmp_path / "sft"
-    args = [HARBOR, "collect", "--provider", "scripted", "-n", "10", "--n-concurrent", "1",
-            "--output", str(out), "--store", store_url]  # fmt: skip
+    args = [*HARBOR, "collect", "--provider", "scripted", "-n", "10", "--max-concurrent", "1",
+            "-o", str(out), "--store", store_url]  # fmt: skip
     env = dict(os.environ, HARBOR_RUNS_DIR=str(runs_dir))
     proc = subprocess.Popen(
         args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

@@ -1,5 +1,5 @@
 """`harbor eval` on the real Docker engine: oracle scores 1.0 and nop 0.0 with complete result files
-(a few tasks by --task-glob in the docker step; every built-in task in the slow step)."""
+(a few tasks by --task in the docker step; every built-in task in the slow step)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tasks import load_dataset_spec
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
-GLOBS = ["--task-glob", "fix-pagination", "--task-glob", "wordcount-cli"]
+GLOBS = ["--task", "fix-pagination", "--task", "wordcount-cli"]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,11 @@ def _eval_docker(tmp_path, store_url, harness: str, *extra: str) -> dict:
             harness,
             "--sandbox",
             "docker",
-            "--jobs-dir",
+            "--output-dir",
             str(jobs),
             "--job-name",
             harness,
-            "--n-concurrent",
+            "--max-concurrent",
             "2",
             "--store",
             store_url,

@@ -28,7 +28,7 @@ def _eval(*args: str) -> None:
 @pytest.mark.parametrize(("harness", "expected"), [("oracle", 1.0), ("nop", 0.0)])
 def test_sanity_harnesses_on_every_builtin_task(tmp_path, runs_dir, store_url, harness, expected):
     jobs = tmp_path / "jobs"
-    _eval("--harness", harness, "--jobs-dir", str(jobs), "--job-name", harness, "--n-concurrent", "4",
+    _eval("--harness", harness, "--output-dir", str(jobs), "--job-name", harness, "--max-concurrent", "4",
           "--store", store_url)  # fmt: skip
     job = Job.open(jobs / harness)
     tasks = load_dataset_spec("builtin").ids
@@ -72,14 +72,20 @@ def _task_without_reward(root: Path) -> Path:
 
 def test_verifier_failure_is_an_error_not_a_failure(tmp_path, runs_dir):
     dataset = _task_without_reward(tmp_path)
-    _eval("--dataset", str(dataset), "--harness", "oracle", "-k", "2", "--jobs-dir", str(tmp_path / "jobs"),
-          "--job-name", "broken")  # fmt: skip
+    result = CliRunner().invoke(app, ["eval", "--dataset", str(dataset), "--harness", "oracle", "-k", "2",
+                                      "-o", str(tmp_path / "jobs"), "--job-name", "broken"])  # fmt: skip
+    # Every trial errored: the run fails, and says why (the error itself, not only its kind).
+    assert result.exit_code == 1, result.output
+    assert "all 2 trials errored" in result.output
+    assert "2 x verifier: verifier gave no reward" in result.output
     job = Job.open(tmp_path / "jobs" / "broken")
     trials = job.trials()
     assert len(trials) == 2
     assert all(t.outcome == "error" and t.reward is None and t.error_kind == "verifier" for t in trials)
     summary = json.loads(job.result_path.read_text())
     assert summary["errors_by_kind"] == {"verifier": 2}
+    [(message, count)] = summary["errors_by_message"].items()
+    assert count == 2 and message.startswith("verifier: verifier gave no reward")
     assert summary["outcomes"] == {"error": 2}
     scores = summary["scores"]
     assert (scores["scored"], scores["passed"], scores["errors"]) == (0, 0, 2)
@@ -93,7 +99,7 @@ def test_verifier_failure_is_an_error_not_a_failure(tmp_path, runs_dir):
 
 
 def test_resume_of_a_finished_job_runs_nothing_and_a_changed_config_is_refused(tmp_path, runs_dir, store_url):
-    args = ["--harness", "oracle", "--task-glob", "fix-p*", "--jobs-dir", str(tmp_path / "jobs"),
+    args = ["--harness", "oracle", "--task", "fix-p*", "--output-dir", str(tmp_path / "jobs"),
             "--job-name", "j", "--store", store_url]  # fmt: skip
     _eval(*args)
     first = Job.open(tmp_path / "jobs" / "j").trials()

@@ -69,7 +69,7 @@ def test_cli_push_to_hub_uses_hf_token(tmp_path, runs_dir, store_url, monkeypatc
                 "scripted",
                 "-n",
                 "1",
-                "--output",
+                "--output-dir",
                 str(out),
                 "--store",
                 store_url,

@@ -64,9 +64,7 @@ def test_dry_run_prints_the_job_spec_and_the_launcher_commands(secrets_env, fake
         "--sandbox e2b" in server
         and "--expose direct --public-url 'https://<JOB_ID>--8300.hf.jobs'" in server
     )
-    assert "--max-concurrent-envs 17" in server and server.endswith(
-        "wait for GET http://127.0.0.1:8200/health"
-    )
+    assert "--max-concurrent 17" in server and server.endswith("wait for GET http://127.0.0.1:8200/health")
     assert trainer.startswith(
         "  3. trainer: env -u E2B_API_KEY CUDA_VISIBLE_DEVICES=1 harbor train --server-url http://127.0.0.1:8200"
     )

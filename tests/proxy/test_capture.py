@@ -206,6 +206,16 @@ def test_eval_session_passes_sampling_and_records_text_without_ids(proxy, imitat
     assert turn.metadata.finish_reason == "length"
 
 
+def test_eval_session_applies_only_the_sampling_its_creator_set(proxy, imitation):
+    # `harbor eval --temperature 0.2 --max-tokens 4`: those two win over the agent's; the rest is its own.
+    session = proxy.create(purpose="eval", sampling={"temperature": 0.2, "max_tokens": 4})
+    client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0.9, top_p=0.5, max_tokens=50)
+    sent = imitation.requests()[-1]
+    assert (sent["temperature"], sent["top_p"], sent["max_tokens"]) == (0.2, 0.5, 4)
+    assert "top_k" not in sent and "seed" not in sent
+
+
 def test_token_id_mismatch_marks_capture_and_trace_refuses(proxy, imitation):
     imitation.configure(fail="token_mismatch")
     session = proxy.create()

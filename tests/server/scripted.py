@@ -8,6 +8,7 @@
   session key the server handed it, asking with the rollout's episode id as the message, so a test
   can check that every trace holds its own rollout's call and nobody else's. With an episode id
   starting `tolerant` it ignores a failed call (as real agents do) instead of reporting an error.
+- `recorder` does nothing but keep the AgentRun it was given, so a test can see what a harness is told.
 """
 
 from __future__ import annotations
@@ -85,7 +86,24 @@ class StubbornHarness(SleeperHarness):
             return await super().run(sandbox, run)
 
 
-EXTRA = {"sleeper": SleeperHarness, "scripted": ScriptedHarness, "stubborn": StubbornHarness}
+class RecorderHarness:
+    name = "recorder"
+    runs: list[AgentRun] = []
+
+    def image_layer(self) -> ImageLayer | None:
+        return None
+
+    async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
+        type(self).runs.append(run)
+        return AgentOutcome(exit_code=0)
+
+
+EXTRA = {
+    "sleeper": SleeperHarness,
+    "scripted": ScriptedHarness,
+    "stubborn": StubbornHarness,
+    "recorder": RecorderHarness,
+}
 
 
 def harness_factory(name: str):

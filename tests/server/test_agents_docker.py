@@ -48,3 +48,33 @@ def test_agent_through_the_server_in_docker(docker_ready, tmp_path, sandbox_root
         assert any(turn.trainable for turn in trace.turns)
         for turn in trace.turns:
             assert len(turn.per_token_logps) == len(turn.completion_token_ids) > 0
+
+
+def test_opencode_against_the_embedded_tiny_engine_is_captured(docker_ready, tmp_path, sandbox_root):  # noqa: F811
+    """README's Docker set-up with harness="opencode": the embedded tiny engine (random weights, its
+    own context), not the imitation. Left to itself opencode asks for 32,000 completion tokens a call,
+    which an engine refuses when prompt + 32,000 exceed its context, and nothing is captured; told the
+    engine's max_model_len, it asks for a quarter of it."""
+    from engine.server import EngineConfig, create_app
+
+    context = 4096  # as `harbor train`'s embedded engine; small, so a random model's answers stay short
+    engine = create_app(EngineConfig(model="tiny", max_model_len=context, return_tokens_as_token_ids=True))
+    with serve_in_thread(engine) as url:
+        config = make_config(
+            tmp_path, sandbox="docker", capture_host="0.0.0.0", llm_url=url + "/v1", model=MODEL
+        )
+        with (
+            running_server(config) as server,
+            HarborSessionFactory(
+                server.url, split="builtin", harness="opencode", agent_timeout_sec=600, agent_step_limit=2
+            ) as factory,
+        ):
+            session = factory.create("fix-pagination", seed=1, episode_id="opencode-tiny")
+            session.verify()
+            result = session.wait_for_completion()
+            assert result.num_turns > 0, (result.error, result.agent_log_tail)
+            trace = session.fetch_training_trace()
+    assert len(trace.turns) == result.num_turns
+    for turn in trace.turns:
+        assert turn.metadata.sampling.get("max_tokens") == context // 4, turn.metadata.sampling
+        assert 0 < len(turn.completion_token_ids) <= context // 4
