@@ -183,3 +183,42 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
         # Every run: policy version 3 (reward 1.0), version 4 (one 0.0, one unscoreable).
         _wait(browser, lambda d: "policy_version" in table.text and "4" in table.text)
         _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
+
+
+def test_harbor_serve_expose_gradio_fills_the_table(browser, tmp_path, monkeypatch):
+    """`harbor serve --expose gradio`: the inspector at /inspect/ of the real server lists the rollout
+    the server just ran. Gradio's queue starts in the app's lifespan; without it the page renders
+    but every event waits in the queue ("queue: 1/1") and the table stays empty."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+
+    from harbor_server.client import HarborSessionFactory
+    from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
+
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    config = make_config(tmp_path, expose="gradio")
+    with running_server(config) as server:
+        with HarborSessionFactory(
+            server.url,
+            split="builtin",
+            harness="oracle",
+            sandbox="local",
+            llm_url=UNUSED_ENGINE,
+            model="tiny",
+        ) as factory:
+            session = factory.create(0, episode_id="inspect-me")
+            assert session.wait_for_completion(timeout_s=120).status == "completed"
+            rollout_id = session.rollout_id
+        # A Docker container or network made or removed meanwhile (this server's start-up sweep, other
+        # runs on the engine) changes the interfaces, and Chromium drops the page's loads
+        # (ERR_NETWORK_CHANGED): load it again then. Without the queue no load ever fills the table.
+        for attempt in range(3):
+            browser.get(f"{server.url}/inspect/")
+            try:
+                _wait(browser, lambda d: rollout_id in d.find_element(By.ID, "rollout-table").text)
+                break
+            except TimeoutException:
+                if attempt == 2:
+                    raise
+        assert "1 rollout(s) match" in browser.find_element(By.ID, "list-info").text
+        assert "oracle" in browser.find_element(By.ID, "rollout-table").text
