@@ -23,9 +23,11 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface of the trainer-facing API."),
     port: int = typer.Option(8200, "--port", help="Port of the trainer-facing API."),
     capture_host: str = typer.Option(
-        "0.0.0.0",
+        "127.0.0.1",
         "--capture-host",
-        help="Interface of the capture port (containers reach it via the bridge).",
+        help="Interface of the capture port. Local and Docker sandboxes reach loopback (Docker through a "
+        "forwarder on its bridge gateway); 0.0.0.0 makes it public, as remote (E2B) sandboxes need "
+        "unless --public-url is a tunnel to this machine.",
     ),
     capture_port: int = typer.Option(
         8300, "--capture-port", help="Port sandboxes' agents call the model on."
@@ -91,6 +93,13 @@ def serve(
     }
     if max_concurrent_envs is not None:
         values["max_concurrent_envs"] = max_concurrent_envs
+    if sandbox == "e2b" and public_url is None:
+        # Said at start-up rather than by every rollout's failure: E2B sandboxes run remotely.
+        raise typer.BadParameter(
+            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
+            "direct --public-url URL (a tunnel to this machine, or its address with --capture-host 0.0.0.0)",
+            param_hint="--sandbox e2b",
+        )
     try:
         config = ServeConfig(**values)
     except (ValidationError, ValueError) as exc:
@@ -166,6 +175,14 @@ def _print_summary(server, console) -> None:
         f"[bold]store:[/] {redact(server.store_url)} as {config.server_id}   "
         f"[bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
     )
+    if config.public_url and config.capture_on_loopback:
+        # E2B sandboxes come in from outside: fine through a tunnel to loopback, never otherwise.
+        console.print(
+            f"[yellow]the capture port listens on {config.capture_host} only: E2B sandboxes reach it at "
+            f"{config.public_url}, so that must be a tunnel to this machine (e.g. cloudflared tunnel --url "
+            f"http://localhost:{config.capture_port}); if it is this machine's own address, pass "
+            "--capture-host 0.0.0.0[/]"
+        )
     for backend, count in server.swept.items():
         console.print(f"[yellow]removed {count} leftover {backend} sandbox(es) of a previous run[/]")
     if server.orphans_marked:
