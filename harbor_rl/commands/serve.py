@@ -64,6 +64,12 @@ def serve(
         "--require-engine",
         help="Refuse to start when the engine probe fails (default: report and serve).",
     ),
+    log_level: str = typer.Option(
+        "info",
+        "--log-level",
+        help="Log level of harbor's own lines (a line per rollout start and end, image builds): "
+        "debug, info, warning or error.",
+    ),
 ) -> None:
     """Serve Harbor task datasets: launch agent rollouts in sandboxes, capture their model calls, verify."""
     import asyncio
@@ -100,12 +106,47 @@ def serve(
             "direct --public-url URL (a tunnel to this machine, or its address with --capture-host 0.0.0.0)",
             param_hint="--sandbox e2b",
         )
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     try:
         config = ServeConfig(**values)
     except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(_config_error(exc)) from exc
+    _configure_logging(log_level)
     code = asyncio.run(_serve(config, console))
     raise typer.Exit(code)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+OUR_LOGGERS = ("harbor_server", "sandboxes", "tasks", "harnesses", "capture_proxy", "inspector")
+_HANDLER_NAME = "harbor-serve"
+
+
+def _configure_logging(level: str) -> None:
+    """harbor's own log lines on stderr at `level`, one line each (they end up in files and job logs);
+    other libraries' at the root logger's WARNING, so e.g. httpx's line per request does not drown them."""
+    import logging
+    import sys
+
+    class StderrHandler(logging.StreamHandler):
+        """Writes to whatever sys.stderr is when a line is logged (a test runner swaps it)."""
+
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _value) -> None:
+            pass
+
+    root = logging.getLogger()
+    if not any(h.get_name() == _HANDLER_NAME for h in root.handlers):  # once per process
+        handler = StderrHandler()
+        handler.set_name(_HANDLER_NAME)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def _config_error(exc: Exception) -> str:

@@ -1,9 +1,11 @@
 """`harbor serve` as a user runs it (a real subprocess, its stderr read as they would read it, or typer's
-CliRunner): a capture port on loopback unless asked otherwise, with E2B sandboxes told what they need."""
+CliRunner): a log line per rollout start and end, and a capture port on loopback unless asked
+otherwise, with E2B sandboxes told what they need."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -82,6 +84,45 @@ def test_serve_keeps_the_capture_port_on_loopback_unless_asked(tmp_path):
     finally:
         output = _stop(proc)
     assert f"capture port: 127.0.0.1:{capture_port}" in output
+
+
+def test_serve_logs_each_rollout_start_and_end(tmp_path):
+    proc, port, _ = _serve(tmp_path)
+    try:
+        started = httpx.post(
+            f"http://127.0.0.1:{port}/rollouts",
+            json={"split": "builtin", "task_index": 0, "harness": "oracle", "sandbox": "local"},
+            timeout=30,
+        )
+        assert started.status_code == 201, started.text
+        rollout = started.json()["rollout_id"]
+        state = httpx.get(f"http://127.0.0.1:{port}/rollouts/{rollout}/wait?timeout=120", timeout=130).json()
+        assert state["status"] == "completed", state
+        task = state["task_id"]
+    finally:
+        output = _stop(proc)
+    lines = output.splitlines()
+    [start] = [line for line in lines if f"rollout {rollout} started" in line]
+    assert start.endswith(f"rollout {rollout} started: task {task}, harness oracle, sandbox local"), start
+    [end] = [line for line in lines if f"rollout {rollout} completed" in line]
+    assert re.search(
+        rf"rollout {rollout} completed: task {re.escape(task)}, harness oracle, sandbox local, reward 1, "
+        r"\d+\.\d s$",
+        end,
+    ), end
+    assert " INFO " in start and " INFO " in end  # the default level shows them
+
+
+def test_serve_log_level_is_checked(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "harbor_rl", "serve", "--log-level", "loud"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"COLUMNS": "200"},
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--log-level" in result.stderr and "choose one of debug, info, warning, error" in result.stderr
 
 
 @pytest.fixture
