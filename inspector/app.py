@@ -39,6 +39,7 @@ from inspector.render import (
     render_rollout,
     render_turn_tokens,
 )
+from inspector.tokens import TokenizerFinder, TokenText
 
 ALL = "(all)"
 STATUSES = ["running", "completed", "failed", "timed_out", "cancelled"]
@@ -107,21 +108,35 @@ def parse_number(text: str | float | None, field: str, *, integer: bool = False)
 
 
 class Inspector:
-    """The inspector's read-only view of one store; the Gradio callbacks are thin wrappers over these."""
+    """The inspector's read-only view of one store; the Gradio callbacks are thin wrappers over these.
+
+    `decode` (from `--tokenizer`) shows every rollout's token text; without it each rollout's tokenizer
+    is found from its session's model (inspector.tokens), and a rollout whose tokenizer is not found
+    shows token ids with a note that says so."""
 
     def __init__(self, store_url: str, *, decode: TokenDecoder | None = None):
         self.store_url = store_url
         self.engine: Engine = open_readonly(store_url)
         self.decode = decode
+        self.tokenizers = TokenizerFinder()
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def token_text(self, model: str | None) -> TokenText:
+        if self.decode is not None:
+            return TokenText(self.decode, "token text from the tokenizer given (--tokenizer)")
+        return self.tokenizers.for_model(model)
+
     def rollout_html(self, session_id: str) -> str:
-        return render_rollout(build_view(load_rollout(self.engine, session_id)), self.decode)
+        view = build_view(load_rollout(self.engine, session_id))
+        text = self.token_text(view.record.model)
+        return render_rollout(view, text.decode, text.note)
 
     def turn_tokens_html(self, session_id: str, index: int) -> str:
-        return render_turn_tokens(build_view(load_rollout(self.engine, session_id)), index, self.decode)
+        view = build_view(load_rollout(self.engine, session_id))
+        text = self.token_text(view.record.model)
+        return render_turn_tokens(view, index, text.decode, text.note)
 
     def page(self, query: RolloutQuery) -> RolloutPage:
         return list_rollouts(self.engine, query)

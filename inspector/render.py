@@ -71,6 +71,7 @@ STYLE = """
 .hri .tok.m0 { background-color: rgb(229, 231, 235); color: #4b5563; }
 .hri .tok.m0.gen { background-color: rgb(209, 213, 219); box-shadow: inset 0 -2px 0 #9ca3af; }
 .hri .elided { color: #6b7280; font-style: italic; }
+.hri .token-text { color: #374151; font-size: 12px; }
 .hri details.turn { border: 1px solid #e5e7eb; border-radius: 6px; margin: 6px 0; padding: 4px 8px; }
 .hri details.turn > summary { cursor: pointer; }
 </style>
@@ -425,14 +426,20 @@ def drawn_tokens(view: RolloutView, index: int) -> int:
     return context + min(len(turn.completion_token_ids), MAX_COMPLETION_TOKENS_PER_TURN)
 
 
-def render_turn_tokens(view: RolloutView, index: int, decode: TokenDecoder | None = None) -> str:
+def _token_text_note(note: str | None) -> str:
+    return f'<p class="token-text">{esc(note)}</p>' if note else ""
+
+
+def render_turn_tokens(
+    view: RolloutView, index: int, decode: TokenDecoder | None = None, token_note: str | None = None
+) -> str:
     """One turn's token view on its own (for turns past the page's token budget)."""
     if not 0 <= index < len(view.turns):
         raise IndexError(f"turn {index} does not exist: this rollout has turns 0..{len(view.turns) - 1}")
     turn = view.turns[index]
     return (
         f'{STYLE}<div class="hri turn-tokens" id="turn-tokens-{index}"><h3>Tokens of turn {index}</h3>'
-        f"{TOKEN_LEGEND}{render_tokens(turn, _parent(view, turn), decode)}</div>"
+        f"{TOKEN_LEGEND}{_token_text_note(token_note)}{render_tokens(turn, _parent(view, turn), decode)}</div>"
     )
 
 
@@ -481,8 +488,11 @@ def render_turn(
     )
 
 
-def render_rollout(view: RolloutView, decode: TokenDecoder | None = None) -> str:
-    """The whole rollout page as one HTML fragment (with its own <style>)."""
+def render_rollout(
+    view: RolloutView, decode: TokenDecoder | None = None, token_note: str | None = None
+) -> str:
+    """The whole rollout page as one HTML fragment (with its own <style>); `token_note` says above the
+    token views where their text comes from, or why they show ids."""
     graph_html = (
         render_graph(view.graph, view.turns)
         if view.graph is not None
@@ -499,5 +509,5 @@ def render_rollout(view: RolloutView, decode: TokenDecoder | None = None) -> str
         f'{STYLE}<div class="hri rollout" data-session-id="{esc(view.record.session_id)}">'
         f"{render_summary(view)}{render_findings(view.findings)}"
         f"<h3>Rollout graph</h3>{graph_html}{render_outputs(view.record)}"
-        f"<h2>Turns</h2>{TOKEN_LEGEND}{turns or '<p>no turns captured</p>'}</div>"
+        f"<h2>Turns</h2>{TOKEN_LEGEND}{_token_text_note(token_note)}{turns or '<p>no turns captured</p>'}</div>"
     )

@@ -14,7 +14,8 @@ def inspect_store(
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
-        help="Local tokenizer.json or Hugging Face model folder, to show token text (default: token ids).",
+        help="Local tokenizer.json or Hugging Face model folder for every rollout's token text (default: "
+        "each rollout's model's: the tiny model, a local model folder or the Hugging Face cache; else ids).",
     ),
 ) -> None:
     """Browse rollouts: filter and sort them, open one to see its graph, messages, tool calls and trained tokens."""
