@@ -70,6 +70,26 @@ LIST_COLUMNS = [
 ]
 
 
+ANCHOR_TOKEN_VIEWS = """
+// A turn's context comes first in its token box and fills it: open each box at its first trained
+// token (render.py marks it `.anchor`), a few lines of context above it. Boxes are placed once they
+// have a size (a box drawn in a tab not shown yet has none) and again whenever the HTML is replaced.
+const place = (box) => {
+  const first = box.querySelector('.tok.anchor');
+  if (!first || box.dataset.anchored || !box.clientHeight) return;
+  box.scrollTop = Math.max(0, first.offsetTop - 3 * first.offsetHeight);
+  box.dataset.anchored = '1';
+};
+const sized = new ResizeObserver((entries) => entries.forEach((entry) => place(entry.target)));
+const anchorAll = () => element.querySelectorAll('.tokens').forEach((box) => {
+  sized.observe(box);
+  place(box);
+});
+new MutationObserver(anchorAll).observe(element, { childList: true, subtree: true });
+anchorAll();
+"""
+
+
 def parse_date(text: str | None, field: str, *, end: bool = False) -> float | None:
     """`YYYY-MM-DD` or an ISO date-time (UTC unless it says otherwise) -> Unix seconds.
 
@@ -250,8 +270,12 @@ def create_inspector(
                         value=0, precision=0, minimum=0, label="Tokens of turn", scale=1, elem_id="turn-no"
                     )
                     turn_btn = gr.Button("Show its tokens", scale=1, elem_id="turn-btn")
-                turn_html = gr.HTML("", elem_id="turn-tokens")
-                rollout_html = gr.HTML("<p>Pick a rollout in the list.</p>", elem_id="rollout-view")
+                turn_html = gr.HTML("", elem_id="turn-tokens", js_on_load=ANCHOR_TOKEN_VIEWS)
+                rollout_html = gr.HTML(
+                    "<p>Pick a rollout in the list.</p>",
+                    elem_id="rollout-view",
+                    js_on_load=ANCHOR_TOKEN_VIEWS,
+                )
             with gr.Tab("Runs", id="runs"):
                 _runs_tab(insp, demo)
 

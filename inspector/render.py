@@ -9,7 +9,9 @@ documented in the legend:
 - class `m1` (trained, loss mask 1): green, the background stronger the less likely the sampled token
   was (alpha grows with -logprob), so surprising tokens stand out;
 - class `m0` (context, mask 0): grey; `gen` marks completion tokens that are context anyway
-  (discarded or auxiliary turns), which keep their logprob in the title.
+  (discarded or auxiliary turns), which keep their logprob in the title;
+- class `anchor` marks the token a view opens at: its first trained token (or, with none, its first
+  sampled one). A turn's context comes first and fills the box, so the app scrolls each box there.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ STYLE = """
 .hri .msg .who { font-weight: 600; font-size: 12px; color: #374151; }
 .hri .toolcall { background: #fffbeb; border: 1px dashed #f59e0b; padding: 2px 6px; margin: 2px 0; }
 .hri .tokens { font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9; white-space: pre-wrap;
-  word-break: break-all; border: 1px solid #e5e7eb; padding: 6px; max-height: 480px; overflow: auto; }
+  word-break: break-all; border: 1px solid #e5e7eb; padding: 6px; max-height: 480px; overflow: auto;
+  position: relative; }
 .hri .tok { border-radius: 2px; }
 .hri .tok.m1 { background-color: rgba(22, 163, 74, var(--a, 0.5)); box-shadow: inset 0 -2px 0 #15803d; }
 .hri .tok.m0 { background-color: rgb(229, 231, 235); color: #4b5563; }
@@ -368,11 +371,14 @@ def render_tokens(turn: TrainingTurn, parent: TrainingTurn | None, decode: Token
     out.append('<div class="tokens">')
     mask = turn.loss_mask
     mask_ok = len(mask) == len(prompt) + len(completion)
+    drawn = range(start, len(prompt) + min(len(completion), MAX_COMPLETION_TOKENS_PER_TURN))
+    anchor = next((p for p in drawn if mask_ok and mask[p]), len(prompt))
     for pos in range(start, len(prompt)):
         m = mask[pos] if mask_ok else 0
         tid = prompt[pos]
+        cls = f"tok m{m}" + (" anchor" if pos == anchor else "")
         out.append(
-            f'<span class="tok m{m}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}" '
+            f'<span class="{cls}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}" '
             f'title="id {tid} &#183; prompt[{pos}] &#183; mask {m}">{esc(_token_text(tid, decode))}</span>'
         )
     logps = turn.per_token_logps
@@ -382,7 +388,7 @@ def render_tokens(turn: TrainingTurn, parent: TrainingTurn | None, decode: Token
         lp = logps[i] if i < len(logps) else None
         lp_text = "missing" if lp is None else f"{lp:.4f}"
         style = f' style="--a:{_alpha(lp)}"' if m and lp is not None else ""
-        cls = f"tok m{m}" + ("" if m else " gen")
+        cls = f"tok m{m}" + ("" if m else " gen") + (" anchor" if pos == anchor else "")
         out.append(
             f'<span class="{cls}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}"{style} '
             f'title="id {tid} &#183; completion[{i}] &#183; mask {m} &#183; logprob {lp_text}">'

@@ -19,6 +19,7 @@ from engine.imitation import decode_token, serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout
+from tests.inspector.conftest import add_text_session, tiny_tokenizer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -222,3 +223,49 @@ def test_harbor_serve_expose_gradio_fills_the_table(browser, tmp_path, monkeypat
                     raise
         assert "1 rollout(s) match" in browser.find_element(By.ID, "list-info").text
         assert "oracle" in browser.find_element(By.ID, "rollout-table").text
+
+
+ANCHOR_IN_VIEW = """
+const box = document.querySelector(arguments[0]);
+const first = box && box.querySelector('.tok.m1');
+if (!first) return null;
+const b = box.getBoundingClientRect(), r = first.getBoundingClientRect();
+return {overflows: box.scrollHeight > 2 * box.clientHeight, visible: r.top >= b.top && r.bottom <= b.bottom,
+        text: first.textContent};
+"""
+
+
+def test_token_views_open_at_the_first_trained_token_with_the_models_token_text(
+    browser, synthetic_store, tiny_cache, monkeypatch
+):
+    """A long context fills a turn's token box; the box opens scrolled to the first trained token. The
+    rollout's model is `tiny`, and its tokenizer is found without --tokenizer."""
+    from selenium.webdriver.common.by import By
+
+    monkeypatch.setenv("HARBOR_CACHE_DIR", str(tiny_cache))
+    tok = tiny_tokenizer(tiny_cache)
+    prompt = tok.encode("".join(f"context line {i}: the task so far\n" for i in range(200))).ids
+    completion = tok.encode("answer = 42").ids
+    add_text_session(synthetic_store, "long-context", model="tiny", prompt=prompt, completion=completion)
+    first_text = tok.decode([completion[0]], skip_special_tokens=False)
+
+    app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
+    with serve_in_thread(app) as url:
+        browser.get(f"{url}/inspect/?rollout=long-context")
+        _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, '.rollout[data-session-id="long-context"]'))
+        state = _wait(
+            browser,
+            lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-0 .tokens")) and s["visible"] and s,
+        )
+        assert state["overflows"], "the context must fill the box for this test to mean anything"
+        assert state["text"] == first_text
+        note = browser.find_element(By.CSS_SELECTOR, "#rollout-view .token-text").text
+        assert note.startswith("token text from the tiny model's tokenizer")
+
+        # One turn's tokens on their own open at the same place.
+        browser.find_element(By.ID, "turn-btn").click()
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
+        _wait(
+            browser,
+            lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-tokens-0 .tokens")) and s["visible"],
+        )
