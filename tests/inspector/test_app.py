@@ -249,3 +249,26 @@ def test_a_hub_model_is_read_from_the_hugging_face_cache_only(tiny_cache, tmp_pa
         "token text from the tokenizer of acme/tiny-chat in the Hugging Face cache",
         "print(add(2, 3))",
     ]
+
+
+def test_cli_takes_a_plain_path_to_the_store(synthetic_store, tmp_path, monkeypatch):
+    """`harbor inspect --store runs/traces.db`: a file path works as well as a SQLAlchemy URL."""
+    import uvicorn
+
+    add_session(synthetic_store, "r0", created_at=T0)
+    served: list[int] = []
+
+    def run(app, host, port, **_):  # serve as `harbor inspect` would, but return once checked
+        with serve_in_thread(app) as url:
+            served.append(httpx.get(f"{url}/config", timeout=30).status_code)
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["inspect", "--store", "synthetic.db"])  # relative to the cwd
+    assert result.exit_code == 0, result.output
+    assert served == [200]
+    unwrapped = "".join(result.output.split())  # rich wraps long lines, even inside a word
+    assert f"store:sqlite:///{tmp_path / 'synthetic.db'}(read-only)" in unwrapped
+    missing = CliRunner().invoke(cli, ["inspect", "--store", str(tmp_path / "none.db")])
+    assert missing.exit_code == 2
+    assert f"nosuchfile{tmp_path / 'none.db'}" in "".join(missing.output.split())
