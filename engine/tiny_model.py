@@ -174,6 +174,14 @@ def build_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, force: 
     return folder
 
 
+def find_tiny_model(seed: int = 0, cache_dir: str | Path | None = None) -> Path | None:
+    """The tiny model's folder if it is already built and current, else None; never builds it (for
+    readers such as the trace inspector, which only need its tokenizer)."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = root / f"tiny-{seed}"
+    return folder if _is_current(folder, _fingerprint(seed, corpus_texts())) else None
+
+
 def resolve_model_path(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
     """`tiny` -> the built tiny model folder; anything else must be a local Hugging Face model folder."""
     if model == "tiny":

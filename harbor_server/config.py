@@ -49,8 +49,11 @@ class ServeConfig(BaseModel):
     """Interface of the trainer-facing API."""
     port: int = Field(default=8200, ge=1, le=65535)
     """Port of the trainer-facing API."""
-    capture_host: str = "0.0.0.0"
-    """Interface of the sandbox-facing capture port; containers reach it through the bridge gateway."""
+    capture_host: str = "127.0.0.1"
+    """Interface of the sandbox-facing capture port. Loopback by default: nothing but this machine's
+    sandboxes has business there (local ones reach loopback; Docker ones reach their bridge gateway,
+    which the docker backend forwards to loopback). Remote (E2B) sandboxes come in from outside, at
+    `public_url`: through a tunnel to loopback, or with a public interface here (0.0.0.0)."""
     capture_port: int = Field(default=8300, ge=1, le=65535)
     """Port of the sandbox-facing capture proxy (agent routes and /health only)."""
     sandbox: SandboxName = "local"
@@ -120,3 +123,12 @@ class ServeConfig(BaseModel):
                 "--expose direct needs --public-url (the URL remote sandboxes reach the capture port at)"
             )
         return self
+
+    @property
+    def capture_on_loopback(self) -> bool:
+        """Only this machine reaches the capture port (remote sandboxes need a tunnel to it)."""
+        return (
+            self.capture_host == "localhost"
+            or self.capture_host.startswith("127.")
+            or self.capture_host == "::1"
+        )

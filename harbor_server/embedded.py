@@ -55,7 +55,18 @@ class ServerThread:
         except BaseException as exc:  # handed to whoever waits in start()
             self.error = exc
         finally:
-            self.loop.close()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """Cancel what is still scheduled (a mounted Gradio app's queue loops) and close, as
+        `asyncio.run` does, so no task is destroyed while pending."""
+        leftover = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+        for task in leftover:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            self.loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
 
     def start(self, timeout_s: float = 180.0) -> ServerThread:
         self._thread.start()

@@ -212,6 +212,14 @@ class RolloutRunner:
         live.started = True
         ending = _Ending()
         started = time.monotonic()
+        # One line at each end of every rollout, at the default level: what `harbor serve` is doing.
+        log.info(
+            "rollout %s started: task %s, harness %s, sandbox %s",
+            live.rollout_id,
+            live.task.id,
+            live.request.harness,
+            live.backend_name,
+        )
         sandbox: Sandbox | None = None
         try:
             live.phase = "sandbox"
@@ -356,6 +364,7 @@ class RolloutRunner:
                 ending.timings["sandbox_stop"] = await self._stop_sandbox(live, sandbox)
             ending.timings["total"] = time.monotonic() - started
             await self._persist(live, ending)
+            _log_end(live, ending)
         except Exception:
             log.exception("could not record the end of rollout %s", live.rollout_id)
         finally:
@@ -401,6 +410,22 @@ class RolloutRunner:
             self.service.close_session(live.rollout_id, ending.status), self.home
         )
         await asyncio.wrap_future(closing)
+
+
+def _log_end(live: LiveRollout, ending: _Ending) -> None:
+    reward = "none (unscoreable)" if ending.reward is None else f"{ending.reward:g}"
+    error = (ending.error or "").strip().splitlines()
+    log.info(
+        "rollout %s %s: task %s, harness %s, sandbox %s, reward %s, %.1f s%s",
+        live.rollout_id,
+        ending.status,
+        live.task.id,
+        live.request.harness,
+        live.backend_name,
+        reward,
+        ending.timings.get("total", 0.0),
+        f" ({error[0][:200]})" if error else "",
+    )
 
 
 def _raise_if_cancelled(live: LiveRollout) -> None:

@@ -242,6 +242,10 @@ class RolloutManager:
         if name == "e2b" and self.config.public_url is not None:
             # The backend wants the capture port's public base URL without the OpenAI /v1 suffix.
             return {"proxy_url": self.config.public_url.removesuffix("/v1")}
+        if name == "docker" and self.config.capture_host not in ("0.0.0.0", "::", ""):
+            # Containers reach their bridge gateway; the backend forwards that to where the capture
+            # port listens (loopback by default, or the one interface --capture-host named).
+            return {"proxy_upstream_host": self.config.capture_host}
         return {}
 
     # -- submitting ------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 SANDBOX_HEALTH_TIMEOUT_S = 15.0
 SANDBOX_HEALTH_TTL_S = 30.0
 """/info re-probes sandbox backends at most this often."""
+GRACEFUL_SHUTDOWN_S = 5.0
+"""On shutdown, requests still open after this long are cancelled (then live rollouts are)."""
 
 
 class _QuietServer(uvicorn.Server):
@@ -178,7 +180,9 @@ class HarborServer:
             # The trace inspector on the trainer-facing port; it opens the store read-only.
             api = mount_inspector(api, self.store_url, path="/inspect")
         self._http = [
-            _QuietServer(self._uvicorn_config(api, self.config.host, self.config.port)),
+            # The API port runs its app's lifespan: a mounted Gradio app starts its queue there, and
+            # without it every inspector event waits in the queue forever ("queue: 1/1").
+            _QuietServer(self._uvicorn_config(api, self.config.host, self.config.port, lifespan=True)),
             _QuietServer(
                 self._uvicorn_config(
                     create_capture_app(self.service), self.config.capture_host, self.config.capture_port
@@ -193,7 +197,8 @@ class HarborServer:
         for server, result in zip(self._http, results, strict=True):
             if isinstance(result, BaseException) or not server.started:
                 raise HarborServerError(
-                    f"could not serve on {server.config.host}:{server.config.port} (is the port in use?)"
+                    f"could not serve on {server.config.host}:{server.config.port} "
+                    "(is the port in use? see the log above)"
                 )
 
     async def serve(self) -> None:
@@ -224,17 +229,21 @@ class HarborServer:
             server.should_exit = True
 
     @staticmethod
-    def _uvicorn_config(app, host: str, port: int) -> uvicorn.Config:
-        # The server's own lifecycle is start()/stop(); backlog sized for bursts of rollout requests.
+    def _uvicorn_config(app, host: str, port: int, *, lifespan: bool = False) -> uvicorn.Config:
+        # The server's own lifecycle is start()/stop(); `lifespan` runs what the app itself (or an app
+        # mounted in it) starts and stops. Backlog sized for bursts of rollout requests.
         return uvicorn.Config(
             app,
             host=host,
             port=port,
-            lifespan="off",
+            lifespan="on" if lifespan else "off",
             log_level="warning",
             access_log=False,
             backlog=2048,
             timeout_keep_alive=30,
+            # Streams that end only when the server does (an open inspector tab's Gradio heartbeat, a
+            # trainer's long poll on a rollout that stop() cancels later) must not hold a shutdown.
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
 
     # -- what /info reports ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ from inspector.render import (
     render_rollout,
     render_turn_tokens,
 )
+from inspector.tokens import TokenizerFinder, TokenText
 
 ALL = "(all)"
 STATUSES = ["running", "completed", "failed", "timed_out", "cancelled"]
@@ -67,6 +68,26 @@ LIST_COLUMNS = [
     "created (UTC)",
     "duration s",
 ]
+
+
+ANCHOR_TOKEN_VIEWS = """
+// A turn's context comes first in its token box and fills it: open each box at its first trained
+// token (render.py marks it `.anchor`), a few lines of context above it. Boxes are placed once they
+// have a size (a box drawn in a tab not shown yet has none) and again whenever the HTML is replaced.
+const place = (box) => {
+  const first = box.querySelector('.tok.anchor');
+  if (!first || box.dataset.anchored || !box.clientHeight) return;
+  box.scrollTop = Math.max(0, first.offsetTop - 3 * first.offsetHeight);
+  box.dataset.anchored = '1';
+};
+const sized = new ResizeObserver((entries) => entries.forEach((entry) => place(entry.target)));
+const anchorAll = () => element.querySelectorAll('.tokens').forEach((box) => {
+  sized.observe(box);
+  place(box);
+});
+new MutationObserver(anchorAll).observe(element, { childList: true, subtree: true });
+anchorAll();
+"""
 
 
 def parse_date(text: str | None, field: str, *, end: bool = False) -> float | None:
@@ -107,21 +128,35 @@ def parse_number(text: str | float | None, field: str, *, integer: bool = False)
 
 
 class Inspector:
-    """The inspector's read-only view of one store; the Gradio callbacks are thin wrappers over these."""
+    """The inspector's read-only view of one store; the Gradio callbacks are thin wrappers over these.
+
+    `decode` (from `--tokenizer`) shows every rollout's token text; without it each rollout's tokenizer
+    is found from its session's model (inspector.tokens), and a rollout whose tokenizer is not found
+    shows token ids with a note that says so."""
 
     def __init__(self, store_url: str, *, decode: TokenDecoder | None = None):
         self.store_url = store_url
         self.engine: Engine = open_readonly(store_url)
         self.decode = decode
+        self.tokenizers = TokenizerFinder()
 
     def close(self) -> None:
         self.engine.dispose()
 
+    def token_text(self, model: str | None) -> TokenText:
+        if self.decode is not None:
+            return TokenText(self.decode, "token text from the tokenizer given (--tokenizer)")
+        return self.tokenizers.for_model(model)
+
     def rollout_html(self, session_id: str) -> str:
-        return render_rollout(build_view(load_rollout(self.engine, session_id)), self.decode)
+        view = build_view(load_rollout(self.engine, session_id))
+        text = self.token_text(view.record.model)
+        return render_rollout(view, text.decode, text.note)
 
     def turn_tokens_html(self, session_id: str, index: int) -> str:
-        return render_turn_tokens(build_view(load_rollout(self.engine, session_id)), index, self.decode)
+        view = build_view(load_rollout(self.engine, session_id))
+        text = self.token_text(view.record.model)
+        return render_turn_tokens(view, index, text.decode, text.note)
 
     def page(self, query: RolloutQuery) -> RolloutPage:
         return list_rollouts(self.engine, query)
@@ -235,8 +270,12 @@ def create_inspector(
                         value=0, precision=0, minimum=0, label="Tokens of turn", scale=1, elem_id="turn-no"
                     )
                     turn_btn = gr.Button("Show its tokens", scale=1, elem_id="turn-btn")
-                turn_html = gr.HTML("", elem_id="turn-tokens")
-                rollout_html = gr.HTML("<p>Pick a rollout in the list.</p>", elem_id="rollout-view")
+                turn_html = gr.HTML("", elem_id="turn-tokens", js_on_load=ANCHOR_TOKEN_VIEWS)
+                rollout_html = gr.HTML(
+                    "<p>Pick a rollout in the list.</p>",
+                    elem_id="rollout-view",
+                    js_on_load=ANCHOR_TOKEN_VIEWS,
+                )
             with gr.Tab("Runs", id="runs"):
                 _runs_tab(insp, demo)
 

@@ -9,7 +9,9 @@ documented in the legend:
 - class `m1` (trained, loss mask 1): green, the background stronger the less likely the sampled token
   was (alpha grows with -logprob), so surprising tokens stand out;
 - class `m0` (context, mask 0): grey; `gen` marks completion tokens that are context anyway
-  (discarded or auxiliary turns), which keep their logprob in the title.
+  (discarded or auxiliary turns), which keep their logprob in the title;
+- class `anchor` marks the token a view opens at: its first trained token (or, with none, its first
+  sampled one). A turn's context comes first and fills the box, so the app scrolls each box there.
 """
 
 from __future__ import annotations
@@ -65,12 +67,14 @@ STYLE = """
 .hri .msg .who { font-weight: 600; font-size: 12px; color: #374151; }
 .hri .toolcall { background: #fffbeb; border: 1px dashed #f59e0b; padding: 2px 6px; margin: 2px 0; }
 .hri .tokens { font-family: ui-monospace, monospace; font-size: 12px; line-height: 1.9; white-space: pre-wrap;
-  word-break: break-all; border: 1px solid #e5e7eb; padding: 6px; max-height: 480px; overflow: auto; }
+  word-break: break-all; border: 1px solid #e5e7eb; padding: 6px; max-height: 480px; overflow: auto;
+  position: relative; }
 .hri .tok { border-radius: 2px; }
 .hri .tok.m1 { background-color: rgba(22, 163, 74, var(--a, 0.5)); box-shadow: inset 0 -2px 0 #15803d; }
 .hri .tok.m0 { background-color: rgb(229, 231, 235); color: #4b5563; }
 .hri .tok.m0.gen { background-color: rgb(209, 213, 219); box-shadow: inset 0 -2px 0 #9ca3af; }
 .hri .elided { color: #6b7280; font-style: italic; }
+.hri .token-text { color: #374151; font-size: 12px; }
 .hri details.turn { border: 1px solid #e5e7eb; border-radius: 6px; margin: 6px 0; padding: 4px 8px; }
 .hri details.turn > summary { cursor: pointer; }
 </style>
@@ -367,11 +371,14 @@ def render_tokens(turn: TrainingTurn, parent: TrainingTurn | None, decode: Token
     out.append('<div class="tokens">')
     mask = turn.loss_mask
     mask_ok = len(mask) == len(prompt) + len(completion)
+    drawn = range(start, len(prompt) + min(len(completion), MAX_COMPLETION_TOKENS_PER_TURN))
+    anchor = next((p for p in drawn if mask_ok and mask[p]), len(prompt))
     for pos in range(start, len(prompt)):
         m = mask[pos] if mask_ok else 0
         tid = prompt[pos]
+        cls = f"tok m{m}" + (" anchor" if pos == anchor else "")
         out.append(
-            f'<span class="tok m{m}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}" '
+            f'<span class="{cls}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}" '
             f'title="id {tid} &#183; prompt[{pos}] &#183; mask {m}">{esc(_token_text(tid, decode))}</span>'
         )
     logps = turn.per_token_logps
@@ -381,7 +388,7 @@ def render_tokens(turn: TrainingTurn, parent: TrainingTurn | None, decode: Token
         lp = logps[i] if i < len(logps) else None
         lp_text = "missing" if lp is None else f"{lp:.4f}"
         style = f' style="--a:{_alpha(lp)}"' if m and lp is not None else ""
-        cls = f"tok m{m}" + ("" if m else " gen")
+        cls = f"tok m{m}" + ("" if m else " gen") + (" anchor" if pos == anchor else "")
         out.append(
             f'<span class="{cls}" data-token-id="{tid}" data-mask="{m}" data-pos="{pos}"{style} '
             f'title="id {tid} &#183; completion[{i}] &#183; mask {m} &#183; logprob {lp_text}">'
@@ -425,14 +432,20 @@ def drawn_tokens(view: RolloutView, index: int) -> int:
     return context + min(len(turn.completion_token_ids), MAX_COMPLETION_TOKENS_PER_TURN)
 
 
-def render_turn_tokens(view: RolloutView, index: int, decode: TokenDecoder | None = None) -> str:
+def _token_text_note(note: str | None) -> str:
+    return f'<p class="token-text">{esc(note)}</p>' if note else ""
+
+
+def render_turn_tokens(
+    view: RolloutView, index: int, decode: TokenDecoder | None = None, token_note: str | None = None
+) -> str:
     """One turn's token view on its own (for turns past the page's token budget)."""
     if not 0 <= index < len(view.turns):
         raise IndexError(f"turn {index} does not exist: this rollout has turns 0..{len(view.turns) - 1}")
     turn = view.turns[index]
     return (
         f'{STYLE}<div class="hri turn-tokens" id="turn-tokens-{index}"><h3>Tokens of turn {index}</h3>'
-        f"{TOKEN_LEGEND}{render_tokens(turn, _parent(view, turn), decode)}</div>"
+        f"{TOKEN_LEGEND}{_token_text_note(token_note)}{render_tokens(turn, _parent(view, turn), decode)}</div>"
     )
 
 
@@ -481,8 +494,11 @@ def render_turn(
     )
 
 
-def render_rollout(view: RolloutView, decode: TokenDecoder | None = None) -> str:
-    """The whole rollout page as one HTML fragment (with its own <style>)."""
+def render_rollout(
+    view: RolloutView, decode: TokenDecoder | None = None, token_note: str | None = None
+) -> str:
+    """The whole rollout page as one HTML fragment (with its own <style>); `token_note` says above the
+    token views where their text comes from, or why they show ids."""
     graph_html = (
         render_graph(view.graph, view.turns)
         if view.graph is not None
@@ -499,5 +515,5 @@ def render_rollout(view: RolloutView, decode: TokenDecoder | None = None) -> str
         f'{STYLE}<div class="hri rollout" data-session-id="{esc(view.record.session_id)}">'
         f"{render_summary(view)}{render_findings(view.findings)}"
         f"<h3>Rollout graph</h3>{graph_html}{render_outputs(view.record)}"
-        f"<h2>Turns</h2>{TOKEN_LEGEND}{turns or '<p>no turns captured</p>'}</div>"
+        f"<h2>Turns</h2>{TOKEN_LEGEND}{_token_text_note(token_note)}{turns or '<p>no turns captured</p>'}</div>"
     )

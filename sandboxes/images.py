@@ -28,6 +28,9 @@ IMAGE_PREFIX = "harbor-rl/task-"
 HASH_LABEL = "harbor-rl.context-hash"
 BASE_IMAGE_PREFIX = "harbor-rl/sandbox-base"
 _HASH_CHARS = 20
+BUILD_HEARTBEAT_S = 15.0
+"""While an image builds, a progress line at least this often: a step such as a harness's pip install
+prints nothing for a minute, and a silent first rollout looks hung."""
 
 
 def context_files(context_dir: Path) -> list[str]:
@@ -97,7 +100,14 @@ class ImageBuilder:
         bases = parse_dockerfile(dockerfile).base_images()
         extra = "|".join(f"{name}={self._image_id(name)}" for name in bases)
         digest = context_hash(environment_dir, extra=extra)
-        return self._build_once(digest, environment_dir, "Dockerfile", deadline, what=str(environment_dir))
+        return self._build_once(
+            digest,
+            environment_dir,
+            "Dockerfile",
+            deadline,
+            what=str(environment_dir),
+            does="the task's environment/Dockerfile",
+        )
 
     def layer_image(self, parent: str, layer: ImageLayer, deadline: float) -> str:
         lines = "\n".join(layer.dockerfile_lines)
@@ -112,30 +122,59 @@ class ImageBuilder:
             digest = context_hash(context, extra=extra)
             (context / "Dockerfile.harbor-layer").write_text(f"FROM {parent}\n{lines}\n")
             return self._build_once(
-                digest, context, "Dockerfile.harbor-layer", deadline, what=f"layer {layer.name}"
+                digest,
+                context,
+                "Dockerfile.harbor-layer",
+                deadline,
+                what=f"layer {layer.name}",
+                does="installs the harness and its pinned packages on top of the task image",
             )
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _build_once(self, digest: str, context: Path, dockerfile: str, deadline: float, *, what: str) -> str:
+    def _build_once(
+        self, digest: str, context: Path, dockerfile: str, deadline: float, *, what: str, does: str
+    ) -> str:
         tag = f"{IMAGE_PREFIX}{digest[:_HASH_CHARS]}"
         with self._lock_for(tag):
             if self._exists(tag):
                 self.hits += 1
                 return tag
-            self._build(tag, digest, context, dockerfile, deadline, what=what)
+            started = time.monotonic()
+            log.info(
+                "building Docker image %s for %s (%s). The first build of an image is slow, a minute "
+                "or two when it installs packages; it is cached, so later sandboxes start in seconds",
+                tag,
+                what,
+                does,
+            )
+            with _Progress(what, started) as progress:
+                self._build(tag, digest, context, dockerfile, deadline, what=what, progress=progress)
             self.builds += 1
+            log.info(
+                "built %s for %s in %.1f s (cached for the next sandboxes)",
+                tag,
+                what,
+                time.monotonic() - started,
+            )
             return tag
 
     def _build(
-        self, tag: str, digest: str, context: Path, dockerfile: str, deadline: float, *, what: str
+        self,
+        tag: str,
+        digest: str,
+        context: Path,
+        dockerfile: str,
+        deadline: float,
+        *,
+        what: str,
+        progress: _Progress,
     ) -> None:
         import docker.errors
 
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise SandboxBuildError(f"building {what}: build timeout exceeded before the build started")
-        log.info("building %s as %s", what, tag)
         lines: list[str] = []
         try:
             stream = self.client.api.build(
@@ -152,6 +191,7 @@ class ImageBuilder:
             for chunk in stream:
                 if "stream" in chunk:
                     lines.append(chunk["stream"])
+                    progress.output(chunk["stream"])
                 if "error" in chunk:
                     raise SandboxBuildError(
                         f"building {what} failed: {chunk['error'].strip()}\n{_tail(lines)}"
@@ -200,3 +240,41 @@ class ImageBuilder:
 
 def _tail(lines: list[str], limit: int = 3000) -> str:
     return "".join(lines)[-limit:]
+
+
+class _Progress:
+    """Progress lines of one image build: each Dockerfile step as Docker starts it ("Step 2/5 : RUN
+    ..."), and every BUILD_HEARTBEAT_S seconds without one a line saying how long it has run."""
+
+    def __init__(self, what: str, started: float) -> None:
+        self.what = what
+        self.started = started
+        self.step = "starting"
+        self._last = started
+        self._done = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="harbor-rl-build-progress", daemon=True)
+
+    def __enter__(self) -> _Progress:
+        self._beat.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._done.set()
+        self._beat.join(timeout=1)
+
+    def output(self, text: str) -> None:
+        text = text.strip()
+        if text.startswith("Step "):
+            self.step = text.split(" :", 1)[0].removeprefix("Step ")
+            self._last = time.monotonic()
+            log.info("building %s: %s", self.what, text if len(text) <= 160 else text[:159] + "…")
+
+    def _heartbeat(self) -> None:
+        # Wake when BUILD_HEARTBEAT_S will have passed since the last line, whichever logged it.
+        while not self._done.wait(max(0.05, self._last + BUILD_HEARTBEAT_S - time.monotonic())):
+            now = time.monotonic()
+            if now - self._last >= BUILD_HEARTBEAT_S:
+                self._last = now
+                log.info(
+                    "still building %s: %.0f s so far, at step %s", self.what, now - self.started, self.step
+                )

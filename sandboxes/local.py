@@ -492,9 +492,21 @@ class _Provisioner:
             await asyncio.to_thread(layer_cache.restore, entry, fs)
             await self._apply(instructions, context, where, task=False, files=False)
             return
+        # The first sandbox with this layer installs it (a pip install: tens of seconds): say so.
+        started = time.monotonic()
+        log.info(
+            "installing layer %s into a local sandbox for the first time (its packages); it is cached, "
+            "so later sandboxes copy it in under a second",
+            layer.name,
+        )
         before = await asyncio.to_thread(layer_cache.snapshot, fs)
         await self._apply(instructions, context, where, task=False)
         await asyncio.to_thread(layer_cache.save, fs, before, cache_root, key)
+        log.info(
+            "installed layer %s in %.1f s (cached for the next sandboxes)",
+            layer.name,
+            time.monotonic() - started,
+        )
 
     async def _apply(
         self,

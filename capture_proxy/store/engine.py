@@ -30,6 +30,14 @@ def default_store_url() -> str:
     return f"sqlite:///{runs_dir / 'traces.db'}"
 
 
+def as_store_url(spec: str) -> str:
+    """A `--store` value as a SQLAlchemy URL: a URL as given, a plain file path (no `scheme://`) as the
+    SQLite file it names (`runs/traces.db` -> `sqlite:////abs/runs/traces.db`)."""
+    if "://" in spec:
+        return spec
+    return f"sqlite:///{Path(spec).expanduser().resolve()}"
+
+
 def redact(url: str | URL) -> str:
     """The URL as safe to print: the password hidden."""
     try:

@@ -7,14 +7,18 @@ import typer
 
 def inspect_store(
     store: str | None = typer.Option(
-        None, "--store", help="Trace store URL (default sqlite:///<runs dir>/traces.db); opened read-only."
+        None,
+        "--store",
+        help="Trace store: a SQLite file's path or a SQLAlchemy URL (default <runs dir>/traces.db); "
+        "opened read-only.",
     ),
     port: int = typer.Option(7860, "--port", help="Port the inspector listens on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
     tokenizer: str | None = typer.Option(
         None,
         "--tokenizer",
-        help="Local tokenizer.json or Hugging Face model folder, to show token text (default: token ids).",
+        help="Local tokenizer.json or Hugging Face model folder for every rollout's token text (default: "
+        "each rollout's model's: the tiny model, a local model folder or the Hugging Face cache; else ids).",
     ),
 ) -> None:
     """Browse rollouts: filter and sort them, open one to see its graph, messages, tool calls and trained tokens."""
@@ -22,14 +26,14 @@ def inspect_store(
     from fastapi import FastAPI
     from rich.console import Console
 
-    from capture_proxy.store import default_store_url
+    from capture_proxy.store import as_store_url, default_store_url
     from capture_proxy.store.engine import redact
     from inspector.app import mount_inspector
     from inspector.errors import InspectorError
     from inspector.tokens import load_decoder
 
     console = Console(stderr=True)
-    url = store or default_store_url()
+    url = as_store_url(store) if store else default_store_url()
     try:
         decode = load_decoder(tokenizer) if tokenizer else None
         app = mount_inspector(FastAPI(title="Harbor-RL trace inspector"), url, "/", decode=decode)

@@ -23,9 +23,11 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface of the trainer-facing API."),
     port: int = typer.Option(8200, "--port", help="Port of the trainer-facing API."),
     capture_host: str = typer.Option(
-        "0.0.0.0",
+        "127.0.0.1",
         "--capture-host",
-        help="Interface of the capture port (containers reach it via the bridge).",
+        help="Interface of the capture port. Local and Docker sandboxes reach loopback (Docker through a "
+        "forwarder on its bridge gateway); 0.0.0.0 makes it public, as remote (E2B) sandboxes need "
+        "unless --public-url is a tunnel to this machine.",
     ),
     capture_port: int = typer.Option(
         8300, "--capture-port", help="Port sandboxes' agents call the model on."
@@ -65,6 +67,12 @@ def serve(
         "--require-engine",
         help="Refuse to start when the engine probe fails (default: report and serve).",
     ),
+    log_level: str = typer.Option(
+        "info",
+        "--log-level",
+        help="Log level of harbor's own lines (a line per rollout start and end, image builds): "
+        "debug, info, warning or error.",
+    ),
 ) -> None:
     """Serve Harbor task datasets: launch agent rollouts in sandboxes, capture their model calls, verify."""
     import asyncio
@@ -94,12 +102,54 @@ def serve(
     }
     if max_concurrent is not None:
         values["max_concurrent_envs"] = max_concurrent
+    if sandbox == "e2b" and public_url is None:
+        # Said at start-up rather than by every rollout's failure: E2B sandboxes run remotely.
+        raise typer.BadParameter(
+            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
+            "direct --public-url URL (a tunnel to this machine, or its address with --capture-host 0.0.0.0)",
+            param_hint="--sandbox e2b",
+        )
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     try:
         config = ServeConfig(**values)
     except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(_config_error(exc)) from exc
+    _configure_logging(log_level)
     code = asyncio.run(_serve(config, console))
     raise typer.Exit(code)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+OUR_LOGGERS = ("harbor_server", "sandboxes", "tasks", "harnesses", "capture_proxy", "inspector")
+_HANDLER_NAME = "harbor-serve"
+
+
+def _configure_logging(level: str) -> None:
+    """harbor's own log lines on stderr at `level`, one line each (they end up in files and job logs);
+    other libraries' at the root logger's WARNING, so e.g. httpx's line per request does not drown them."""
+    import logging
+    import sys
+
+    class StderrHandler(logging.StreamHandler):
+        """Writes to whatever sys.stderr is when a line is logged (a test runner swaps it)."""
+
+        @property
+        def stream(self):
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _value) -> None:
+            pass
+
+    root = logging.getLogger()
+    if not any(h.get_name() == _HANDLER_NAME for h in root.handlers):  # once per process
+        handler = StderrHandler()
+        handler.set_name(_HANDLER_NAME)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+    for name in OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level.upper())
 
 
 def _config_error(exc: Exception) -> str:
@@ -169,6 +219,14 @@ def _print_summary(server, console) -> None:
         f"[bold]store:[/] {redact(server.store_url)} as {config.server_id}   "
         f"[bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
     )
+    if config.public_url and config.capture_on_loopback:
+        # E2B sandboxes come in from outside: fine through a tunnel to loopback, never otherwise.
+        console.print(
+            f"[yellow]the capture port listens on {config.capture_host} only: E2B sandboxes reach it at "
+            f"{config.public_url}, so that must be a tunnel to this machine (e.g. cloudflared tunnel --url "
+            f"http://localhost:{config.capture_port}); if it is this machine's own address, pass "
+            "--capture-host 0.0.0.0[/]"
+        )
     for backend, count in server.swept.items():
         console.print(f"[yellow]removed {count} leftover {backend} sandbox(es) of a previous run[/]")
     if server.orphans_marked:

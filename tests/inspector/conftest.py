@@ -200,3 +200,50 @@ def synthetic_store(tmp_path):
 
 DAY = 86_400.0
 T0 = float(calendar.timegm((2026, 1, 10, 12, 0, 0)))
+
+
+# -- a model's tokenizer, for token text ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """A harbor cache folder with the tiny model built in it (set HARBOR_CACHE_DIR to it)."""
+    from engine.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("harbor-cache")
+    build_tiny_model(seed=0, cache_dir=root)
+    return root
+
+
+def tiny_tokenizer(tiny_cache):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tiny_cache / "tiny-0" / "tokenizer.json"))
+
+
+def add_text_session(
+    trace_store: TraceStore, session_id: str, *, model: str, prompt: list[int], completion: list[int]
+) -> None:
+    """One completed session of one turn: `prompt` as context (mask 0), `completion` trained (mask 1)."""
+    trace_store.create_session(
+        SessionRecord(
+            session_id=session_id,
+            api_key_hash=f"{abs(hash(session_id)):064x}"[-64:],
+            model=model,
+            llm_url="http://127.0.0.1:1/v1",
+            created_at=T0,
+            metadata={},
+        )
+    )
+    turn = TrainingTurn(
+        node_id="t0",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        per_token_logps=[-0.5] * len(completion),
+        loss_mask=[0] * len(prompt) + [1] * len(completion),
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        response={"choices": [{"message": {"role": "assistant", "content": "ok"}}]},
+        metadata=TurnMetadata(policy_version=0),
+    )
+    trace_store.add_turns([(session_id, 0, turn)])
+    trace_store.update_session(session_id, status="completed", reward=1.0)

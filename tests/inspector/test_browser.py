@@ -19,6 +19,7 @@ from engine.imitation import decode_token, serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout
+from tests.inspector.conftest import add_text_session, tiny_tokenizer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -183,3 +184,88 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
         # Every run: policy version 3 (reward 1.0), version 4 (one 0.0, one unscoreable).
         _wait(browser, lambda d: "policy_version" in table.text and "4" in table.text)
         _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
+
+
+def test_harbor_serve_expose_gradio_fills_the_table(browser, tmp_path, monkeypatch):
+    """`harbor serve --expose gradio`: the inspector at /inspect/ of the real server lists the rollout
+    the server just ran. Gradio's queue starts in the app's lifespan; without it the page renders
+    but every event waits in the queue ("queue: 1/1") and the table stays empty."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+
+    from harbor_server.client import HarborSessionFactory
+    from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
+
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    config = make_config(tmp_path, expose="gradio")
+    with running_server(config) as server:
+        with HarborSessionFactory(
+            server.url,
+            split="builtin",
+            harness="oracle",
+            sandbox="local",
+            llm_url=UNUSED_ENGINE,
+            model="tiny",
+        ) as factory:
+            session = factory.create(0, episode_id="inspect-me")
+            assert session.wait_for_completion(timeout_s=120).status == "completed"
+            rollout_id = session.rollout_id
+        # A Docker container or network made or removed meanwhile (this server's start-up sweep, other
+        # runs on the engine) changes the interfaces, and Chromium drops the page's loads
+        # (ERR_NETWORK_CHANGED): load it again then. Without the queue no load ever fills the table.
+        for attempt in range(3):
+            browser.get(f"{server.url}/inspect/")
+            try:
+                _wait(browser, lambda d: rollout_id in d.find_element(By.ID, "rollout-table").text)
+                break
+            except TimeoutException:
+                if attempt == 2:
+                    raise
+        assert "1 rollout(s) match" in browser.find_element(By.ID, "list-info").text
+        assert "oracle" in browser.find_element(By.ID, "rollout-table").text
+
+
+ANCHOR_IN_VIEW = """
+const box = document.querySelector(arguments[0]);
+const first = box && box.querySelector('.tok.m1');
+if (!first) return null;
+const b = box.getBoundingClientRect(), r = first.getBoundingClientRect();
+return {overflows: box.scrollHeight > 2 * box.clientHeight, visible: r.top >= b.top && r.bottom <= b.bottom,
+        text: first.textContent};
+"""
+
+
+def test_token_views_open_at_the_first_trained_token_with_the_models_token_text(
+    browser, synthetic_store, tiny_cache, monkeypatch
+):
+    """A long context fills a turn's token box; the box opens scrolled to the first trained token. The
+    rollout's model is `tiny`, and its tokenizer is found without --tokenizer."""
+    from selenium.webdriver.common.by import By
+
+    monkeypatch.setenv("HARBOR_CACHE_DIR", str(tiny_cache))
+    tok = tiny_tokenizer(tiny_cache)
+    prompt = tok.encode("".join(f"context line {i}: the task so far\n" for i in range(200))).ids
+    completion = tok.encode("answer = 42").ids
+    add_text_session(synthetic_store, "long-context", model="tiny", prompt=prompt, completion=completion)
+    first_text = tok.decode([completion[0]], skip_special_tokens=False)
+
+    app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
+    with serve_in_thread(app) as url:
+        browser.get(f"{url}/inspect/?rollout=long-context")
+        _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, '.rollout[data-session-id="long-context"]'))
+        state = _wait(
+            browser,
+            lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-0 .tokens")) and s["visible"] and s,
+        )
+        assert state["overflows"], "the context must fill the box for this test to mean anything"
+        assert state["text"] == first_text
+        note = browser.find_element(By.CSS_SELECTOR, "#rollout-view .token-text").text
+        assert note.startswith("token text from the tiny model's tokenizer")
+
+        # One turn's tokens on their own open at the same place.
+        browser.find_element(By.ID, "turn-btn").click()
+        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
+        _wait(
+            browser,
+            lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-tokens-0 .tokens")) and s["visible"],
+        )

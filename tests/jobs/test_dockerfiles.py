@@ -53,6 +53,7 @@ def test_server_image_runs_harbor_serve_on_its_default_ports() -> None:
     assert json.loads(values("server", "ENTRYPOINT")[0]) == ["harbor", "serve"]
     cmd = json.loads(values("server", "CMD")[0])
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"  # 127.0.0.1 inside a container reaches nobody
+    assert cmd[cmd.index("--capture-host") + 1] == "0.0.0.0"  # nor does the capture port's default
     defaults = ServeConfig.model_fields
     assert exposed("server") == {defaults["port"].default, defaults["capture_port"].default}
     assert any('pip install "/src[e2b]"' in run for run in values("server", "RUN"))

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import re
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -95,6 +98,38 @@ async def test_build_failure_is_a_build_error_with_the_log(docker_backend, tmp_p
     )
     with pytest.raises(SandboxBuildError, match="step-output"):
         await docker_backend.start(spec(docker_image=None, environment_dir=env_dir))
+
+
+def test_a_build_logs_its_start_its_steps_and_its_duration(
+    docker_client, base_image, tmp_path, caplog, monkeypatch
+):
+    """A first build takes minutes with nothing else to show: it says so when it starts, logs each step
+    and a line while a silent step runs, and how long it took. A cached image logs nothing."""
+    from sandboxes import images
+
+    monkeypatch.setattr(images, "BUILD_HEARTBEAT_S", 0.3)
+    marker = uuid.uuid4().hex  # a context no earlier run built
+    env_dir = write_env(
+        tmp_path / "environment",
+        f"FROM {BASE_IMAGE}\nRUN echo {marker} && sleep 1.5\nENV DONE=1\n",
+    )
+    builder = images.ImageBuilder(docker_client)
+    caplog.set_level(logging.INFO, logger="sandboxes.images")
+    tag = builder.task_image(env_dir, time.monotonic() + 300)
+    try:
+        lines = [r.getMessage() for r in caplog.records if r.name == "sandboxes.images"]
+        assert f"building Docker image {tag} for {env_dir}" in lines[0]
+        assert "first build of an image is slow" in lines[0] and "cached" in lines[0]
+        assert any(re.search(rf"Step 2/\d+ : RUN echo {marker}", line) for line in lines)
+        assert any(
+            re.fullmatch(rf"still building {env_dir}: \d+ s so far, at step 2/\d+", line) for line in lines
+        )
+        assert re.fullmatch(rf"built {tag} for {re.escape(str(env_dir))} in \d+\.\d s .*", lines[-1])
+        caplog.clear()
+        assert builder.task_image(env_dir, time.monotonic() + 300) == tag
+        assert not [r for r in caplog.records if r.name == "sandboxes.images"]
+    finally:
+        docker_client.images.remove(tag, force=True)
 
 
 async def test_limits_and_labels_are_applied(docker_backend):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 
 import pytest
@@ -54,7 +55,7 @@ async def test_provisions_workdir_copy_env_arg_run_and_layers(local_backend, tmp
         await sandbox.stop()
 
 
-async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_path):
+async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_path, caplog):
     env_dir = write_env(tmp_path / "environment", BASE + "WORKDIR /app\n", {})
     layer_ctx = tmp_path / "layer"
     layer_ctx.mkdir()
@@ -69,9 +70,12 @@ async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_
         ],
         context_dir=layer_ctx,
     )
-    outputs = []
+    outputs, said = [], []
+    caplog.set_level(logging.INFO, logger="sandboxes.local")
     for _ in range(2):
+        caplog.clear()
         sandbox = await local_backend.start(spec(env_dir, image_layers=[layer]))
+        said.append([r.getMessage() for r in caplog.records if "layer stamped-agent" in r.getMessage()])
         try:
             result = await sandbox.exec("/opt/agent/bin/tool; echo $AGENT_HOME; cat /opt/agent/stamp")
             outputs.append(result.stdout.split())
@@ -81,6 +85,12 @@ async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_
     first, second = outputs
     assert first[:3] == ["tool", "v1", "/opt/agent"] and len(first) == 4
     assert second == first  # files, symlink and ENV as installed; the RUN did not run again
+    # The slow first install says so, and how long it took; the copy says nothing.
+    assert said[0][0].startswith("installing layer stamped-agent into a local sandbox for the first time")
+    assert re.fullmatch(
+        r"installed layer stamped-agent in \d+\.\d s \(cached for the next sandboxes\)", said[0][1]
+    )
+    assert said[1] == []
 
 
 @pytest.mark.parametrize(

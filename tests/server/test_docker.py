@@ -4,10 +4,13 @@ agent inside a container reaching the capture port with its session key (the eng
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
 from harbor_server.client import HarborSessionFactory
+from harbor_server.config import ServeConfig
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
 from tests.server.scripted import SERVER_KWARGS
@@ -45,8 +48,27 @@ def test_oracle_and_nop_in_docker(docker_ready, tmp_path, sandbox_root):
                 assert result.env_reward == expected
 
 
-def test_agent_in_a_container_calls_the_capture_port(docker_ready, tmp_path, sandbox_root, engine_url):
-    config = make_config(tmp_path, sandbox="docker", capture_host="0.0.0.0", llm_url=engine_url, model=MODEL)
+def _host_address() -> str | None:
+    """An IPv4 address of this machine's own (not loopback, not a container bridge), if it has one."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name, address = line.split()[1], line.split()[3].split("/")[0]
+        if name != "lo" and not name.startswith(("docker", "br-", "hrl", "veth")):
+            return address
+    return None
+
+
+@pytest.mark.parametrize("capture_host", ["0.0.0.0", ServeConfig().capture_host, "host-address"])
+def test_agent_in_a_container_calls_the_capture_port(
+    docker_ready, tmp_path, sandbox_root, engine_url, capture_host
+):
+    """On 0.0.0.0 a container reaches the capture port at its bridge gateway directly; on loopback (the
+    default) or on one address of the host, through the docker backend's forwarder on that gateway."""
+    if capture_host == "host-address":
+        capture_host = _host_address() or pytest.skip("this machine has no address but loopback")
+    config = make_config(
+        tmp_path, sandbox="docker", capture_host=capture_host, llm_url=engine_url, model=MODEL
+    )
     with (
         running_server(config, **SERVER_KWARGS) as server,
         HarborSessionFactory(server.url, split="builtin", harness="scripted", purpose="eval") as factory,
