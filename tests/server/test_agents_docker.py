@@ -57,7 +57,9 @@ def test_opencode_against_the_embedded_tiny_engine_is_captured(docker_ready, tmp
     engine's max_model_len, it asks for a quarter of it."""
     from engine.server import EngineConfig, create_app
 
-    context = 4096  # as `harbor train`'s embedded engine; small, so a random model's answers stay short
+    # opencode's own prompt (system text and its ten tools) is about 10k tokens: a context that holds it and
+    # a quarter for the answer, smaller than `harbor engine`'s 32k so a random model's answers stay short.
+    context = 16384
     engine = create_app(EngineConfig(model="tiny", max_model_len=context, return_tokens_as_token_ids=True))
     with serve_in_thread(engine) as url:
         config = make_config(

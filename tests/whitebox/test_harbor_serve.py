@@ -184,3 +184,22 @@ def test_a_task_naming_a_missing_environment_fails_with_a_clear_error(server, en
     result, _ = rollout(server, engines["echo"], BROKEN_SPLIT, "missing-env")
     assert result.status == "failed" and result.env_reward is None
     assert "has no 'NoSuchEnv'" in result.error
+
+
+def test_a_failed_rollouts_trace_is_refused_not_a_list_of_empty_turns(server):
+    """Against a dead engine the capture holds only transport failures: fetching it for training says
+    the rollout failed (409 with a finding) instead of handing back turns without token ids."""
+    from harbor_server import TraceNotTrainable
+
+    with HarborSessionFactory(
+        server.url, split=ENV_SPLIT, harness="env-factory", sandbox="local", llm_url="http://127.0.0.1:9/v1",
+        model="tiny", agent_timeout_sec=120,
+    ) as factory:  # fmt: skip
+        session = factory.create("echo-hello-world", episode_id="dead-engine")
+        assert session.verify().metrics["status"] == "failed"
+        with pytest.raises(
+            TraceNotTrainable, match="failed, so its capture is not a trainable trace"
+        ) as caught:
+            session.fetch_training_trace()
+        assert caught.value.findings[0]["code"] == "rollout_failed"
+        session.close()
