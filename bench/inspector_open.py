@@ -28,7 +28,7 @@ from rich.table import Table
 
 from capture_proxy.models import TrainingTurn, TurnMetadata
 from capture_proxy.store import SessionRecord, TraceStore
-from engine.imitation import serve_in_thread
+from engine.in_process import serve_in_thread
 from inspector.app import Inspector, create_inspector
 from inspector.db import open_readonly
 from inspector.queries import RolloutQuery, list_rollouts, load_rollout

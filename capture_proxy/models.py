@@ -7,7 +7,7 @@ through JSON comes back identical or not at all.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +23,9 @@ CaptureStatus = Literal["ok", "missing_token_ids", "missing_logprobs", "token_mi
 """Whether the engine's own tokens and logprobs were captured intact for a turn."""
 
 SessionStatus = Literal["running", "completed", "failed", "timed_out", "cancelled"]
+
+HeaderName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")]
+"""An HTTP header's name, as an engine credential's `auth_header` gives it (e.g. `x-api-key`)."""
 
 
 class _Strict(BaseModel):
@@ -59,6 +62,11 @@ NEUTRAL_SAMPLING: dict[str, float] = {
 `openenv/core/harness/capture/upstream.py`); top_k 0 also disables top-k, as in vLLM."""
 
 
+def is_neutral(name: str, value: Any) -> bool:
+    """Whether sampling field `name` at `value` leaves the policy's distribution untouched."""
+    return value == NEUTRAL_SAMPLING[name] or (name == "top_k" and value == 0)
+
+
 class SamplingParams(_Strict):
     """Sampling settings a session applies to its model calls.
 
@@ -88,7 +96,7 @@ class SamplingParams(_Strict):
             raise ValueError(f"training sampling needs a finite positive temperature, got {self.temperature}")
         for name, neutral in NEUTRAL_SAMPLING.items():
             value = getattr(self, name)
-            if value != neutral and not (name == "top_k" and value == 0):
+            if not is_neutral(name, value):
                 raise ValueError(
                     f"training sampling requires {name}={neutral} (got {value}): the policy samples from its "
                     "full distribution, so the engine's logprobs are the ones the trainer recomputes"
@@ -223,7 +231,7 @@ class SessionCreate(_Strict):
     model: str = Field(min_length=1)
     api_key: str | None = None
     """Key the proxy sends upstream (never shown to the agent)."""
-    auth_header: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")
+    auth_header: HeaderName | None = None
     """The header `api_key` goes in (e.g. `x-api-key`), sent as is; None: `Authorization: Bearer`."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     purpose: Purpose = "train"

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import threading
-import time
 import uuid
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import orjson
@@ -557,28 +554,6 @@ async def _completion_stream(
 
 
 # -- running it ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Run an ASGI app with uvicorn on a background thread; yields its base URL (no /v1)."""
-    import uvicorn
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="critical", lifespan="on", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"server on {host}:{port} did not start")
-        time.sleep(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def main() -> None:

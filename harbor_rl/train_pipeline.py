@@ -23,8 +23,6 @@ import functools
 import math
 import os
 import statistics
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -146,26 +144,16 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
 @contextlib.contextmanager
 def embedded_engine(model_path: Path, served_name: str) -> Iterator[str]:
     """The embedded engine on 127.0.0.1 (random port) in a background thread; yields its base URL."""
-    import uvicorn
-
+    from engine.in_process import serve_in_thread
     from engine.server import EngineConfig, create_app
 
     app = create_app(EngineConfig(model=str(model_path), served_model_name=served_name, max_model_len=4096))
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, name="embedded-engine", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise TrainerConfigError(f"the embedded engine did not start for {model_path}")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with contextlib.ExitStack() as stack:
+        try:  # loading a model folder takes a while: more than a test app's start-up allowance
+            url = stack.enter_context(serve_in_thread(app, start_timeout_s=120, log_level="warning"))
+        except RuntimeError as exc:
+            raise TrainerConfigError(f"the embedded engine did not start for {model_path}") from exc
+        yield url
 
 
 @contextlib.contextmanager

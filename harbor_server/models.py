@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capture_proxy.models import Purpose, SamplingParams, SessionStatus, require_int64
+from capture_proxy.models import HeaderName, Purpose, SamplingParams, SessionStatus, require_int64
 
 RolloutStatus = SessionStatus
 """running, then one of completed | failed | timed_out | cancelled (terminal)."""
@@ -49,7 +49,7 @@ class RolloutRequest(BaseModel):
     """Which key of the verifier's reward.json is the reward; None uses the task's [verifier] reward_key."""
     api_key: str | None = Field(default=None, repr=False)
     """Credential for `llm_url`, when the engine is token-gated (sent upstream only, never stored)."""
-    auth_header: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9-]+$")
+    auth_header: HeaderName | None = None
     """Header the credential goes in when it is not `Authorization: Bearer` (e.g. `x-api-key`)."""
     seed: int | None = None
     episode_id: str | None = None

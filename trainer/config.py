@@ -15,15 +15,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from capture_proxy.models import NEUTRAL_SAMPLING, is_neutral
 from trainer.errors import TrainerConfigError
 
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
 ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 
-NEUTRAL_TRL_SAMPLING = {"top_p": 1.0, "top_k": (0, -1), "min_p": (None, 0.0), "repetition_penalty": 1.0}
-"""TRL sampling knobs accepted at their neutral values only: the policy samples its full distribution
-(TRL's loop-owning path refuses anything else through OpenEnv's `training_sampling` too)."""
+TRL_SAMPLING_KNOBS = ("top_p", "top_k", "min_p", "repetition_penalty")
+"""TRL sampling knobs accepted at their neutral values only (and `min_p` at TRL's None): the policy
+samples its full distribution (TRL's loop-owning path refuses anything else through OpenEnv's
+`training_sampling` too)."""
 UNSUPPORTED_TRL_FIELDS: dict[str, str] = {
     "model_init_kwargs": "pass a loaded model (or its folder) as `model` instead",
     "dtype": "pass a loaded model in the dtype you want; `bf16` runs the forward passes in bfloat16",
@@ -168,15 +170,13 @@ class AsyncGRPOConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for name, neutral in NEUTRAL_TRL_SAMPLING.items():
-            if name in data:
-                value = data.pop(name)
-                allowed = neutral if isinstance(neutral, tuple) else (neutral,)
-                if value not in allowed:
-                    raise ValueError(
-                        f"{name}={value!r}: this trainer samples the policy's full distribution, so {name} must be "
-                        f"{allowed[0] if allowed[0] is not None else allowed[-1]} (only the temperature is a knob)"
-                    )
+        for name in TRL_SAMPLING_KNOBS:
+            value = data.pop(name, None)
+            if value is not None and not is_neutral(name, value):
+                raise ValueError(
+                    f"{name}={value!r}: this trainer samples the policy's full distribution, so {name} must be "
+                    f"{NEUTRAL_SAMPLING[name]} (only the temperature is a knob)"
+                )
         for name in data:
             if name in UNSUPPORTED_TRL_FIELDS:
                 raise ValueError(

@@ -21,7 +21,8 @@ import pytest
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
 from capture_proxy.store import TraceStore
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 
 MODEL = "tiny"
 ADMIN_KEY = "harness-tests-admin-key"

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from engine.imitation import serve_in_thread
+from engine.in_process import serve_in_thread
 from harbor_rl.cli import app as cli
 from inspector.app import ALL, Inspector, build_query, create_inspector, mount_inspector, parse_date
 from inspector.errors import InvalidQuery, RolloutNotFound

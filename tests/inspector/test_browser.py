@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from engine.imitation import decode_token, serve_in_thread
+from engine.imitation import decode_token
+from engine.in_process import serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout

@@ -20,7 +20,7 @@ harness_module = pytest.importorskip("trl.experimental.async_grpo.openenv_harnes
 from openenv.core.harness import TrainableSession  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-from engine.imitation import serve_in_thread  # noqa: E402
+from engine.in_process import serve_in_thread  # noqa: E402
 from engine.tiny_model import build_tiny_model  # noqa: E402
 from harbor_server import HarborSessionFactory  # noqa: E402
 from tests.server.conftest import make_config, running_server, sandbox_root  # noqa: E402, F401 - fixture

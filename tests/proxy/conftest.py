@@ -16,7 +16,8 @@ from capture_proxy.config import ProxyConfig
 from capture_proxy.models import SessionCreated
 from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore
-from engine.imitation import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app
+from engine.in_process import serve_in_thread
 
 ADMIN_KEY = "test-admin-key-0123456789"
 MODEL = "imitation-model"

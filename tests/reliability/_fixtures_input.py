@@ -12,7 +12,8 @@ import pytest
 
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, MODEL, Imitation, Proxy
 
 __all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy"]

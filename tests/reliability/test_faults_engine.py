@@ -22,7 +22,7 @@ import pytest
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from engine.imitation import serve_in_thread
+from engine.in_process import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, Proxy, start_proxy
 from tests.reliability.conftest import MODEL, EngineProcess, assert_turns_complete, wait_for
 

@@ -27,7 +27,8 @@ import httpx
 import pytest
 
 from capture_proxy.store import TraceStore
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server.client import HarborClient, HarborSessionFactory
 from harbor_server.embedded import free_port
 from harbor_server.errors import ServerUnreachable

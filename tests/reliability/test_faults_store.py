@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import event
 
 from capture_proxy.store import TraceStore
-from engine.imitation import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app
+from engine.in_process import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, Proxy, start_proxy
 from tests.reliability.conftest import MODEL, assert_turns_complete, integrity_check
 

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from harbor_server.errors import TraceNotTrainable
 from tests.server.conftest import make_config, running_server

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from harbor_server.config import ServeConfig
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip

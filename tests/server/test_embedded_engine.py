@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.imitation import serve_in_thread
+from engine.in_process import serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from tests.server.conftest import make_config, running_server
 from tests.server.test_docker import docker_ready  # noqa: F401 - fixture

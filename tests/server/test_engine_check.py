@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server.embedded import free_port
 from harbor_server.engine_check import probe_engine
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.imitation import ImitationSettings, create_imitation_app, serve_in_thread
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server.client import HarborSessionFactory
 from harbor_server.engine_check import model_context_length
 from tests.server.conftest import make_config, running_server

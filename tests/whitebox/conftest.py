@@ -18,7 +18,8 @@ from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
 from capture_proxy.store import TraceStore
 from capture_proxy.validation import validate_trace
-from engine.imitation import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app
+from engine.in_process import serve_in_thread
 
 ADMIN_KEY = "whitebox-admin-key-0123"
 

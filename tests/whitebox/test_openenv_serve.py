@@ -25,7 +25,8 @@ from openenv.core.env_server.mcp_types import Tool
 from openenv.core.env_server.types import Action, Observation, State
 from openenv.core.harness import ResourceSessionFactory, StepEnvSessionAdapter
 
-from engine.imitation import create_imitation_app, serve_in_thread
+from engine.imitation import create_imitation_app
+from engine.in_process import serve_in_thread
 from harbor_server import HarborSessionFactory
 from harbor_server.config import ServeConfig
 from harbor_server.embedded import free_port, running_server
