@@ -483,6 +483,10 @@ class BaseHarborSessionFactory(Generic[ClientT]):
         `prompt_rows()` offers and prompts are found among. `sandbox` None is the server's --sandbox."""
         if indices is not None and not list(indices):
             raise ValueError("indices is empty: no task would be offered (pass None for the whole split)")
+        if num_tasks is not None and num_tasks < 1:
+            raise ValueError(
+                f"num_tasks={num_tasks}: offer at least one task (pass None for the whole split)"
+            )
         self.config = _FactoryConfig(
             split=split,
             harness=harness,
