@@ -8,7 +8,11 @@ What every command shares lives here, in `HarborGroup`:
   `harbor CMD: message`, and a hint, never a traceback; `--debug` (anywhere on the line) or
   HARBOR_DEBUG=1 shows the traceback; any other exception is a bug and keeps its traceback;
 - one name per setting across commands; the old spellings (`DEPRECATED_FLAGS`) still work, print a
-  one-line note and are left out of --help.
+  one-line note and are left out of --help;
+- which Harbor registry `--dataset NAME@VERSION` reads (`--registry-path FILE`, `--registry-url URL`,
+  anywhere on the line, like `--debug`): every command that loads datasets, and the server it may
+  start in-process, resolves them through `tasks.registry`, which reads the setting from its
+  environment variable, so the flag works the same for `serve`, `eval`, `collect` and `tasks check`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ from harbor_rl.user_errors import user_error_message
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "HARBOR_DEBUG"
+REGISTRY_FLAGS: dict[str, str] = {
+    "--registry-path": "HARBOR_REGISTRY_PATH",
+    "--registry-url": "HARBOR_REGISTRY_URL",
+}
+"""Global flag -> the environment variable `tasks.registry` reads (the same names as there)."""
 DEPRECATED_FLAGS: dict[tuple[str, ...], dict[str, str]] = {
     ("eval",): {
         "--n-concurrent": "--max-concurrent",
@@ -58,6 +67,7 @@ class HarborGroup(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         args, debug = _strip_debug(list(args))
+        args = _take_registry_flags(args)
         ctx.meta["harbor.debug"] = debug or _debug_requested()
         ctx.meta["harbor.command"] = self._command_path(args)
         args = _rename_deprecated(args, ctx.meta["harbor.command"])
@@ -100,6 +110,27 @@ def _strip_debug(args: list[str]) -> tuple[list[str], bool]:
     return kept + args[end:], len(kept) != end
 
 
+def _take_registry_flags(args: list[str]) -> list[str]:
+    """`--registry-path FILE` / `--registry-url URL` (or `=VALUE`) out of the line, into the environment."""
+    end = args.index("--") if "--" in args else len(args)
+    kept: list[str] = []
+    i = 0
+    while i < end:
+        name, sep, value = args[i].partition("=")
+        if name not in REGISTRY_FLAGS:
+            kept.append(args[i])
+            i += 1
+            continue
+        if not sep:
+            if i + 1 >= end:
+                raise click.UsageError(f"{name} needs a value")
+            value, i = args[i + 1], i + 1
+        # A relative file is relative to where the command was typed, whatever folder reads it later.
+        os.environ[REGISTRY_FLAGS[name]] = os.path.abspath(value) if name == "--registry-path" else value
+        i += 1
+    return kept + args[end:]
+
+
 def _rename_deprecated(args: list[str], path: tuple[str, ...]) -> list[str]:
     renames = next((DEPRECATED_FLAGS[p] for p in (path[:2], path[:1]) if p in DEPRECATED_FLAGS), None)
     if not renames:
@@ -135,9 +166,21 @@ def _main(
         DEBUG_FLAG,
         help=f"Show the traceback of an error (also {DEBUG_ENV}=1); accepted anywhere on the line.",
     ),
+    registry_path: str | None = typer.Option(
+        None,
+        "--registry-path",
+        help="Harbor registry file for --dataset NAME@VERSION (also HARBOR_REGISTRY_PATH); anywhere on the line.",
+    ),
+    registry_url: str | None = typer.Option(
+        None,
+        "--registry-url",
+        help="Harbor registry URL for --dataset NAME@VERSION (also HARBOR_REGISTRY_URL; default Harbor's "
+        "public registry); anywhere on the line.",
+    ),
 ) -> None:
     """Harbor-RL: train real coding agents with RL."""
-    # HarborGroup.parse_args takes --debug out before the options are parsed; this declares it for --help.
+    # HarborGroup.parse_args takes --debug and the registry flags out before the options are parsed;
+    # this declares them for --help.
 
 
 proxy.register(app)

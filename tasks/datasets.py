@@ -1,14 +1,18 @@
-"""Datasets of tasks: a local folder, the built-in tasks, or a Hugging Face dataset.
+"""Datasets of tasks: a local folder, the built-in tasks, Harbor's registry, or a Hugging Face dataset.
 
 `load_dataset_spec(spec)` takes one `--dataset` value:
 
 - a named dataset shipped with the package (`NAMED_DATASETS`): `builtin`, the coding tasks in
   `tasks/builtin/` (split `builtin`), or `env-tasks`, the white-box environments of
   `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`);
-- `PATH`: a folder of task folders, or one task folder (split: the folder's name);
-- `hf:REPO[@split]`: a Hugging Face dataset read with `datasets` (split defaults to `train`). REPO is a
-  Hub id, a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local
-  `.json` / `.jsonl` file of rows.
+- `PATH`: one task folder, a folder of task folders, or a folder of folders of them (`tasks/<name>/`,
+  `<group>/<subgroup>/<task>/`; see `task_dirs`) (split: the folder's name);
+- `NAME@VERSION`: a dataset of Harbor's registry (`tasks.registry`: the registry file and the git
+  repositories it names, fetched into the cache by commit) (split: `NAME@VERSION`);
+- `hf:REPO[@split]`: a Hugging Face dataset (split defaults to `train`), in one of two layouts,
+  detected: a Hub repo of task folders under `tasks/` (`tasks.hub`, as OpenEnv's Harbor server
+  serves them), or rows of the schema below read with `datasets`. REPO is a Hub id, a folder written
+  by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local `.json` / `.jsonl` file of rows.
 
 Task ids are stable: the task folder's name, or a row's `task_id`; they are unique within a dataset
 and tasks are ordered by id, so an index means the same task on every load.
@@ -32,14 +36,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tasks.cache import cache_root
 from tasks.errors import DatasetError, TaskFormatError, TaskNotFound
+from tasks.hub import HubSnapshotUnavailable, hub_task_root
 from tasks.loader import Task, load_task
+from tasks.registry import REGISTRY_SPEC_RE, registry_task_dirs
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
@@ -92,20 +98,53 @@ def load_dataset_spec(spec: str, *, split: str | None = None, cache_dir: Path | 
             raise DatasetError(f"dataset spec {spec!r}: expected hf:REPO[@split]")
         return load_hf(repo, split=split or at_split or "train", cache_dir=cache_dir)
     path = Path(spec).expanduser()
-    if not path.is_dir():
-        names = ", ".join(repr(n) for n in NAMED_DATASETS)
-        raise DatasetError(
-            f"dataset {spec!r} is neither a named dataset ({names}), 'hf:REPO[@split]' nor an existing folder"
-        )
-    return load_folder(path, split=split or path.absolute().name, source=str(path))
+    if path.is_dir():
+        return load_folder(path, split=split or path.absolute().name, source=str(path))
+    if match := REGISTRY_SPEC_RE.fullmatch(spec):
+        return load_registry_dataset(match["name"], match["version"], split=split, cache_dir=cache_dir)
+    names = ", ".join(repr(n) for n in NAMED_DATASETS)
+    raise DatasetError(
+        f"dataset {spec!r} is neither a named dataset ({names}), a registry dataset NAME@VERSION, "
+        "'hf:REPO[@split]' nor an existing folder"
+    )
+
+
+MAX_TASK_DEPTH = 6
+"""How deep below a dataset folder task folders are looked for (OpenEnv's `_MAX_TASK_DEPTH`)."""
 
 
 def task_dirs(folder: Path) -> list[Path]:
-    """The task folders of a dataset folder (itself, when it is one task), sorted by name."""
+    """The task folders of a dataset folder, sorted by name: itself when it is one task; else its
+    children that are tasks; else, when none is, every task folder below it (`tasks/<name>/`,
+    `<group>/<subgroup>/<task>/`), as OpenEnv 0.10's Harbor server finds them
+    (`openenv/harbor/tasks.py`, `_task_dirs_from_directory` and `_nested_task_dirs`): a task's own
+    subfolders are not searched, hidden folders and symlinks are not followed (a link can point out of
+    the dataset or back into it), nor anything deeper than `MAX_TASK_DEPTH`."""
     folder = Path(folder)
     if (folder / "task.toml").is_file():
         return [folder]
-    return sorted(p for p in folder.iterdir() if p.is_dir() and (p / "task.toml").is_file())
+    children = _subfolders(folder)
+    flat = [p for p in children if (p / "task.toml").is_file()]
+    if flat:
+        return flat
+    found: list[Path] = []
+
+    def walk(parent: Path, depth: int) -> None:
+        for child in _subfolders(parent):
+            if (child / "task.toml").is_file():
+                found.append(child)
+            elif depth < MAX_TASK_DEPTH:
+                walk(child, depth + 1)
+
+    walk(folder, 1)
+    return sorted(found, key=lambda p: (p.name, str(p)))
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return sorted(
+        p for p in folder.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and p.name not in _SKIPPED_PARTS
+    )  # fmt: skip
 
 
 def load_folder(folder: Path, *, split: str, source: str) -> Dataset:
@@ -113,6 +152,16 @@ def load_folder(folder: Path, *, split: str, source: str) -> Dataset:
     if not dirs:
         raise DatasetError(f"{folder} holds no task folders (folders with a task.toml)")
     return _dataset(source, split, [load_task(d) for d in dirs])
+
+
+def load_registry_dataset(
+    name: str, version: str, *, split: str | None = None, cache_dir: Path | None = None
+) -> Dataset:
+    """`NAME@VERSION` from Harbor's registry (`tasks.registry`), each task validated like a folder's."""
+    source = f"{name}@{version}"
+    tasks = [load_task(folder, task_id=task_id) for task_id, folder in
+             registry_task_dirs(name, version, cache_dir=cache_dir)]  # fmt: skip
+    return _dataset(source, split or source, tasks)
 
 
 def _dataset(source: str, split: str, tasks: list[Task]) -> Dataset:
@@ -146,17 +195,32 @@ def task_to_row(task_dir: Path, task_id: str | None = None) -> dict[str, Any]:
 
 
 def load_hf(repo: str, *, split: str, cache_dir: Path | None = None) -> Dataset:
-    rows = _hf_rows(repo, split)
+    """`hf:REPO`: a Hub repo of task folders under `tasks/` when it has them, else rows of the schema."""
     source = f"hf:{repo}"
-    root = (cache_dir or _cache_root()) / "hf-tasks"
+    unavailable: HubSnapshotUnavailable | None = None
+    if _is_hub_id(repo):
+        try:
+            root = hub_task_root(repo, cache_dir=cache_dir)
+        except HubSnapshotUnavailable as exc:
+            root, unavailable = None, exc  # the rows may still be in the `datasets` cache
+        if root is not None:
+            return load_folder(root, split=split, source=source)
+    try:
+        rows = _hf_rows(repo, split)
+    except DatasetError as exc:
+        if unavailable is None:
+            raise
+        raise DatasetError(f"{unavailable}; as rows: {exc}") from exc
+    root = cache_root(cache_dir) / "hf-tasks"
     tasks = [_materialize_row(row, index, source, split, root) for index, row in enumerate(rows)]
     if not tasks:
         raise DatasetError(f"{source} split {split!r} has no rows")
     return _dataset(source, split, tasks)
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("HARBOR_CACHE_DIR", Path.home() / ".cache" / "harbor-rl"))
+def _is_hub_id(repo: str) -> bool:
+    """`org/name` that is not a local file or folder (those are read with `datasets` as before)."""
+    return not Path(repo).expanduser().exists() and not repo.startswith((".", "/", "~"))
 
 
 def _hf_rows(repo: str, split: str) -> list[dict[str, Any]]:
@@ -174,7 +238,7 @@ def _hf_rows(repo: str, split: str) -> list[dict[str, Any]]:
                 loaded = loaded[split]
         else:
             loaded = datasets.load_dataset(repo, split=split)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # not found, unreadable, or the Hub unreachable (ConnectionError)
         raise DatasetError(f"hf:{repo} split {split!r} could not be loaded: {exc}") from exc
     return [dict(row) for row in loaded]
 
