@@ -11,7 +11,8 @@ def eval_command(
     dataset: list[str] = typer.Option(
         ["builtin"],
         "--dataset",
-        help="Task dataset: builtin, a folder of tasks, or hf:REPO\\[@split]. Repeatable.",
+        help="Task dataset: builtin, a folder of tasks, a Harbor registry NAME@VERSION (see --registry-path), "
+        "or hf:REPO\\[@split] (task folders or rows). Repeatable.",
     ),
     harness: str | None = typer.Option(
         None, "--harness", help="nop, oracle, mini-swe-agent, opencode, env-factory."

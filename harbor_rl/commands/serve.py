@@ -9,7 +9,8 @@ def serve(
     dataset: list[str] = typer.Option(
         ["builtin"],
         "--dataset",
-        help="Task dataset: builtin, a folder of tasks, or hf:REPO\\[@split]. Repeatable.",
+        help="Task dataset: builtin, a folder of tasks, a Harbor registry NAME@VERSION (see --registry-path), "
+        "or hf:REPO\\[@split] (task folders or rows). Repeatable.",
     ),
     llm_url: str | None = typer.Option(
         None, "--llm-url", help="Engine OpenAI base URL (vLLM or `harbor engine`); rollouts may override it."

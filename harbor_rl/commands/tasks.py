@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
     def check(
         dataset: str = typer.Argument(
             ...,
-            help="A task folder, a folder of tasks, a named dataset ('builtin', 'env-tasks') or hf:REPO[@split].",
+            help="A task folder, a folder of tasks, a named dataset ('builtin', 'env-tasks'), a Harbor registry "
+            "NAME@VERSION or hf:REPO[@split].",
         ),
         run: str = typer.Option("", "--run", help="Also run these in a sandbox and verify: oracle,nop."),
         sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend for --run: local or docker."),
