@@ -36,7 +36,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -44,14 +43,13 @@ from typing import Any
 from tasks.cache import cache_root
 from tasks.errors import DatasetError, TaskFormatError, TaskNotFound
 from tasks.hub import HubSnapshotUnavailable, hub_task_root
-from tasks.loader import Task, load_task
+from tasks.loader import TASK_ID_RE, Task, load_task
 from tasks.registry import REGISTRY_SPEC_RE, registry_task_dirs
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
 NAMED_DATASETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "env-tasks": ENV_TASKS_DIR}
 """The datasets shipped with the package, by the name `--dataset` takes (the name is also the split)."""
-_TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
 
 
@@ -123,9 +121,8 @@ def task_dirs(folder: Path) -> list[Path]:
     folder = Path(folder)
     if (folder / "task.toml").is_file():
         return [folder]
-    children = _subfolders(folder)
-    flat = [p for p in children if (p / "task.toml").is_file()]
-    if flat:
+    flat = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "task.toml").is_file())
+    if flat:  # the flat layout as it always was (a linked task folder included), so its order stays
         return flat
     found: list[Path] = []
 
@@ -246,7 +243,7 @@ def _hf_rows(repo: str, split: str) -> list[dict[str, Any]]:
 def _materialize_row(row: dict[str, Any], index: int, source: str, split: str, root: Path) -> Task:
     where = f"{source}@{split} row {index}"
     task_id = row.get("task_id")
-    if not isinstance(task_id, str) or not _TASK_ID_RE.match(task_id):
+    if not isinstance(task_id, str) or not TASK_ID_RE.match(task_id):
         raise TaskFormatError(
             where, f"task_id must be a non-empty string of [A-Za-z0-9._-], got {task_id!r}", "task_id"
         )

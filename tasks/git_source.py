@@ -42,10 +42,10 @@ def safe_repo_path(path: str, where: str) -> PurePosixPath:
 
 
 def resolve_commit(git_url: str, ref: str | None) -> str:
-    """The commit id `ref` (a full id, a branch or tag name, or None for the default branch) names."""
+    """The commit id `ref` (a full id, a branch or tag name, `HEAD` or None for the default branch) names."""
     if ref is not None and FULL_COMMIT_RE.fullmatch(ref):
         return ref.lower()
-    wanted = ref or "HEAD"
+    wanted = "HEAD" if ref is None or ref.lower() == "head" else ref  # registries write "HEAD" or "head"
     out = _git("ls-remote", git_url, wanted, what=f"look up {wanted!r} in {git_url}")
     for line in out.splitlines():
         sha, _, name = line.partition("\t")

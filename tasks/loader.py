@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import tomllib
 from dataclasses import dataclass, replace
@@ -26,6 +27,8 @@ from sandboxes.base import SandboxSpec
 from tasks.errors import TaskFormatError
 from tasks.models import TaskConfig
 
+TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""What a task id looks like: a folder name, a row's `task_id`, a registry task's name."""
 # Slack on top of the agent and verifier timeouts for setup, uploads and teardown.
 _SANDBOX_SLACK_S = 300.0
 

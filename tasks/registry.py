@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tasks.cache import cache_root
 from tasks.errors import DatasetError
 from tasks.git_source import fetch_task_folders, resolve_commit, safe_repo_path
+from tasks.loader import TASK_ID_RE
 
 DEFAULT_REGISTRY_URL = "https://raw.githubusercontent.com/laude-institute/harbor/main/registry.json"
 REGISTRY_PATH_ENV = "HARBOR_REGISTRY_PATH"
@@ -45,7 +46,6 @@ REGISTRY_SPEC_RE = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._/-]*)@(?P<version>[A-Za-z0-9][A-Za-z0-9._+-]*)$"
 )
 """`terminal-bench@2.0`: what `--dataset` takes as a registry dataset (a folder of that name wins)."""
-_TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FETCH_TIMEOUT_S = 30.0
 
 
@@ -211,4 +211,4 @@ def _local_task(task: RegistryTask, base_dir: Path, where: str) -> Path:
 def task_id(task: RegistryTask, folder: Path) -> str:
     """The registry's task name (its last `/` part) where it is a valid id, else the folder's name."""
     name = task.name.rsplit("/", 1)[-1]
-    return name if _TASK_ID_RE.fullmatch(name) else folder.name
+    return name if TASK_ID_RE.fullmatch(name) else folder.name

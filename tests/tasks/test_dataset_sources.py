@@ -83,8 +83,10 @@ def test_registry_branch_ref_resolves_to_its_commit(tmp_path, cache, registry_en
     (tmp_path / "repo" / "tasks" / "lru-cache" / "instruction.md").write_text("The newer instruction.\n")
     git(tmp_path / "repo", "commit", "-qam", "newer")
     tip = git(tmp_path / "repo", "rev-parse", "HEAD")
-    for ref in ("main", None):  # a branch, and no commit at all (the default branch)
-        entry = {"name": "lru-cache", "git_url": url, "path": "tasks/lru-cache"}
+    plain_path = str(tmp_path / "repo")  # as some registries write a local repository
+    # A branch, Harbor's "HEAD", and no commit at all: each is the default branch's tip.
+    for ref, repo_url in (("main", url), ("HEAD", plain_path), (None, url)):
+        entry = {"name": "lru-cache", "git_url": repo_url, "path": "tasks/lru-cache"}
         if ref:
             entry["git_commit_id"] = ref
         registry_env(write_registry(tmp_path / "registry.json", [registry_entry("tip", "head", [entry])]))
