@@ -55,6 +55,50 @@ url = "http://mcp-server:8000/mcp"
 """The example task.toml of Harbor's task-format page (laude-institute/harbor-docs,
 content/docs/tasks/index.mdx), field for field."""
 
+HARBOR_1_1_TASK_TOML = """\
+schema_version = "1.1"
+artifacts = []
+
+[task]
+name = "terminal-bench/extract-elf"
+description = "Evaluates ability to parse ELF binary format and extract memory values."
+keywords = ["file-operations"]
+[[task.authors]]
+name = "Task Author"
+email = "author@example.com"
+
+[metadata]
+difficulty = "medium"
+category = "file-operations"
+tags = []
+expert_time_estimate_min = 30.0
+junior_time_estimate_min = 240.0
+
+[verifier]
+timeout_sec = 900.0
+
+[agent]
+timeout_sec = 900.0
+
+[environment]
+build_timeout_sec = 600.0
+docker_image = "alexgshaw/extract-elf:20251031"
+cpus = 1
+memory_mb = 2048
+storage_mb = 10240
+gpus = 0
+allow_internet = true
+mcp_servers = []
+
+[verifier.env]
+
+[environment.env]
+
+[solution.env]
+"""
+"""A terminal-bench 2 task.toml as Harbor's registry serves it today (schema 1.1, `[task]` with an
+`org/name`, authors and keywords, empty env tables), field for field."""
+
 _GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
             "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
 

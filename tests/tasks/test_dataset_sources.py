@@ -13,6 +13,7 @@ import pytest
 from tasks import BUILTIN_DIR, DatasetError, TaskFormatError, load_dataset_spec, load_task
 from tasks.registry import REGISTRY_PATH_ENV, REGISTRY_URL_ENV, load_registry
 from tests.tasks.dataset_sources import (
+    HARBOR_1_1_TASK_TOML,
     HARBOR_TASK_TOML,
     builtin_tasks_repo,
     git,
@@ -112,6 +113,25 @@ def test_harbor_format_task_and_local_registry_paths_load(tmp_path, cache, regis
     assert loaded.config.schema_version == "1.0" and loaded.config.verifier.env == {"API_KEY": "sk-test-123"}
     assert loaded.config.unknown_keys() == [
         "environment.gpu_types", "environment.gpus", "environment.mcp_servers", "source"
+    ]  # fmt: skip
+
+
+def test_a_terminal_bench_2_task_toml_from_a_git_registry_loads(tmp_path, cache, registry_env):
+    url, _ = builtin_tasks_repo(tmp_path / "repo", ["fix-pagination"], under="extract-elf")
+    toml = tmp_path / "repo" / "extract-elf" / "fix-pagination" / "task.toml"
+    toml.write_text(HARBOR_1_1_TASK_TOML)
+    git(tmp_path / "repo", "commit", "-qam", "a Harbor 1.1 task")
+    entry = {"name": "terminal-bench/extract-elf", "git_url": url, "git_commit_id": "HEAD",
+             "path": "extract-elf/fix-pagination"}  # fmt: skip
+    registry_env(
+        write_registry(tmp_path / "registry.json", [registry_entry("terminal-bench", "2.0", [entry])])
+    )
+    task = load_dataset_spec("terminal-bench@2.0")[0]
+    assert (task.id, task.name) == ("extract-elf", "terminal-bench/extract-elf")
+    assert task.config.schema_version == "1.1" and task.config.environment.network_mode == "public"
+    assert task.config.verifier.timeout_sec == 900.0 and task.config.environment.env == {}
+    assert task.config.unknown_keys() == [
+        "artifacts", "environment.gpus", "environment.mcp_servers", "task.authors", "task.keywords"
     ]  # fmt: skip
 
 
