@@ -3,7 +3,7 @@
 task = load_task("tasks/builtin/fix-pagination")        # validated, typed (TaskFormatError if not)
 spec = task.sandbox_spec("rollout-1", proxy_port=8300)    # what a sandbox backend needs
 result = await verify(sandbox, task)                      # VerifierResult(reward, rewards, ...)
-dataset = load_dataset_spec("builtin")                    # or "env-tasks", a folder, "hf:REPO[@split]"
+dataset = load_dataset_spec("builtin")                    # or "env-tasks", a folder, "NAME@VERSION", "hf:REPO"
 outcome = await sanity_check(task, backend, "oracle")     # oracle must score 1.0, nop 0.0
 """
 
