@@ -5,7 +5,10 @@ Every task loaded goes through the same validation as a local folder."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import shutil
+import threading
 
 import huggingface_hub.constants
 import pytest
@@ -187,6 +190,25 @@ def test_a_task_of_a_registry_dataset_is_validated_like_a_folder(tmp_path, cache
     registry_env(write_registry(tmp_path / "registry.json", [registry_entry("broken", "1", [entry])]))
     with pytest.raises(TaskFormatError, match="tests/test.sh"):
         load_dataset_spec("broken@1")
+
+
+def test_registry_url_is_fetched_then_served_from_its_cached_copy(tmp_path, cache, monkeypatch):
+    monkeypatch.delenv(REGISTRY_PATH_ENV, raising=False)
+    url, commit = builtin_tasks_repo(tmp_path / "repo", ["lru-cache"])
+    entry = {"name": "lru-cache", "git_url": url, "git_commit_id": commit, "path": "tasks/lru-cache"}
+    (tmp_path / "site").mkdir()
+    write_registry(tmp_path / "site" / "registry.json", [registry_entry("web", "1", [entry])])
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv(REGISTRY_URL_ENV, f"http://127.0.0.1:{server.server_port}/registry.json")
+    try:
+        assert load_dataset_spec("web@1").ids == ["lru-cache"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    # The registry's host is gone: the copy kept at the first fetch answers.
+    assert load_dataset_spec("web@1").ids == ["lru-cache"]
 
 
 def test_remote_registry_offline_uses_the_cached_copy_or_says_what_to_do(tmp_path, cache, monkeypatch):
