@@ -28,7 +28,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -173,22 +173,22 @@ def registry_task_dirs(
     cache = cache_root(cache_dir)
     where = f"registry {registry.source} {name}@{version}"
     found: dict[int, Path] = {}
-    by_commit: dict[tuple[str, str], list[int]] = {}
+    # One checkout per repository and commit, however many tasks it holds (as Harbor groups them).
+    by_commit: dict[tuple[str, str], list[tuple[int, PurePosixPath]]] = {}
     resolved: dict[tuple[str, str | None], str] = {}
     for index, task in enumerate(dataset.tasks):
         if task.git_url is None:
             found[index] = _local_task(task, registry.base_dir, where)
             continue
-        safe_repo_path(task.path, f"{where} task {task.name!r}")
+        rel = safe_repo_path(task.path, f"{where} task {task.name!r}")
         key = (task.git_url, task.git_commit_id)
         if key not in resolved:
             resolved[key] = _in(where, resolve_commit, task.git_url, task.git_commit_id)
-        by_commit.setdefault((task.git_url, resolved[key]), []).append(index)
-    for (git_url, commit), indexes in by_commit.items():
-        paths = [safe_repo_path(dataset.tasks[i].path, where) for i in indexes]
-        folders = _in(where, fetch_task_folders, git_url, commit, paths, cache)
-        for i, rel in zip(indexes, paths, strict=True):
-            found[i] = folders[rel.as_posix()]
+        by_commit.setdefault((task.git_url, resolved[key]), []).append((index, rel))
+    for (git_url, commit), members in by_commit.items():
+        folders = _in(where, fetch_task_folders, git_url, commit, [rel for _, rel in members], cache)
+        for index, rel in members:
+            found[index] = folders[rel.as_posix()]
     return [(task_id(task, found[i]), found[i]) for i, task in enumerate(dataset.tasks)]
 
 
