@@ -389,6 +389,7 @@ class RolloutRunner:
             "timed_out": ending.timed_out,
             "tool_calls_by_name": dict(outcome.tool_calls_by_name),
             "tool_failures": outcome.tool_failures,
+            "tool_failures_by_name": dict(outcome.tool_failures_by_name),
             "agent_exit_code": outcome.exit_code,
             "agent_log_tail": _tail(outcome.log_tail),
             "verifier_output": ending.verifier_output,

@@ -73,6 +73,7 @@ def result_from_record(record: SessionRecord) -> RolloutResult:
         timed_out=bool(facts.get("timed_out", False)),
         tool_calls_by_name=dict(facts.get("tool_calls_by_name") or {}),
         tool_failures=int(facts.get("tool_failures") or 0),
+        tool_failures_by_name=dict(facts.get("tool_failures_by_name") or {}),
         error=record.error,
         timings=dict(facts.get("timings") or {}),
         num_turns=record.num_turns,
