@@ -30,7 +30,7 @@ import orjson
 from capture_proxy.errors import InvalidTraceError
 from capture_proxy.graph import RolloutGraph, build_rollout_graph, finalize_trace
 from capture_proxy.models import TrainingTurn
-from capture_proxy.store.records import SessionRecord
+from capture_proxy.store.records import ROLLOUT_KEY, SessionRecord
 from capture_proxy.validation import Finding, Severity, validate_trace
 from inspector.graph_view import render_graph
 from inspector.queries import StoredRollout
@@ -44,8 +44,6 @@ MAX_COMPLETION_TOKENS_PER_TURN = 8_000
 MAX_TOKENS_PER_PAGE = 40_000
 """Token spans drawn on one rollout page; later turns' token views are drawn one at a time on request
 (a span costs ~150 bytes of HTML: a long rollout drawn whole would be tens of MB in the browser)."""
-ROLLOUT_KEY = "rollout"
-"""Where `harbor serve` keeps rollout facts in a session's metadata."""
 
 STYLE = """
 <style>
