@@ -1,6 +1,6 @@
 """The chat template of the tiny model and the hermes tool-call parser.
 
-The template follows Qwen2.5's (ChatML with hermes-style tools): tools are listed in the system turn
+The template is Qwen2.5's (ChatML with hermes-style tools): tools are listed in the system turn
 inside `<tools></tools>`, the assistant calls them as `<tool_call>{"name": ..., "arguments": ...}
 </tool_call>`, and tool results come back in a user turn inside `<tool_response></tool_response>`.
 The parser mirrors vLLM's `hermes` tool parser, so a model folder served here and by vLLM yields the
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 from engine.errors import BadRequest
@@ -19,58 +20,13 @@ from engine.errors import BadRequest
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 
-CHAT_TEMPLATE = """\
-{%- if tools %}
-{{- '<|im_start|>system\\n' }}
-{%- if messages[0]['role'] == 'system' %}
-{{- messages[0]['content'] }}
-{%- else %}
-{{- 'You are a helpful assistant.' }}
-{%- endif %}
-{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-{%- for tool in tools %}
-{{- "\\n" }}
-{{- tool | tojson }}
-{%- endfor %}
-{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- elif messages[0]['role'] == 'system' %}
-{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or (message.role == 'assistant' and not message.tool_calls) %}
-{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>' + message.role }}
-{%- if message.content %}
-{{- '\\n' + message.content }}
-{%- endif %}
-{%- for tool_call in message.tool_calls %}
-{%- if tool_call.function is defined %}
-{%- set tool_call = tool_call.function %}
-{%- endif %}
-{{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
-{%- if tool_call.arguments is string %}
-{{- tool_call.arguments }}
-{%- else %}
-{{- tool_call.arguments | tojson }}
-{%- endif %}
-{{- '}\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-{{- '<|im_start|>user' }}
-{%- endif %}
-{{- '\\n<tool_response>\\n' + (message.content or '') + '\\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-{{- '<|im_end|>\\n' }}
-{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
+CHAT_TEMPLATE = (Path(__file__).with_name("qwen2_5.jinja")).read_text(encoding="utf-8")
+"""Qwen2.5-Instruct's chat template, byte for byte (the `chat_template` of `Qwen/Qwen2.5-*-Instruct`; TRL
+ships the same text as `trl/chat_templates/qwen2_5.jinja` and recognises it). The tiny model is a
+`Qwen2ForCausalLM`, so it speaks its family's format: what TRL, `transformers` and vLLM's `hermes` tool
+parser do with Qwen2.5 they do with it. (Qwen3's template is not used: it re-renders the last assistant
+turn with a `<think>` block, so an agent's later prompts are not extensions of its earlier turns, which
+capture and SFT rely on.)"""
 
 RESPONSE_TEMPLATE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
@@ -125,17 +81,37 @@ def normalize_messages(messages: list[Any]) -> list[dict[str, Any]]:
         norm = dict(msg)
         if norm["role"] == "developer":
             norm["role"] = "system"
-        norm["content"] = _flatten_content(msg.get("content"), where)
+        # Qwen2.5's template concatenates content as a string; a null content renders as empty.
+        norm["content"] = _flatten_content(msg.get("content"), where) or ""
         calls = msg.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
                 raise BadRequest(f"{where}.tool_calls must be a list", param="messages")
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise BadRequest(f"{where}.tool_calls[{j}] needs function.name", param="messages")
+            if calls:
+                norm["tool_calls"] = [_template_tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+            else:
+                del norm["tool_calls"]  # an empty list takes the template's plain-assistant path, as in vLLM
         out.append(norm)
     return out
+
+
+def _template_tool_call(call: Any, where: str) -> dict[str, Any]:
+    """A tool call as chat templates render it: `function.arguments` an object, not OpenAI's JSON string.
+
+    Follows vLLM's `_postprocess_messages` (vllm/entrypoints/chat_utils.py): a string is parsed, and
+    arguments that are missing, not valid JSON or not an object become `{}` so a malformed call in the
+    history does not fail every later turn.
+    """
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise BadRequest(f"{where} needs function.name", param="messages")
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args else {}
+        except json.JSONDecodeError:
+            args = {}
+    return {**call, "function": {**fn, "arguments": args if isinstance(args, dict) else {}}}
 
 
 def validate_tools(tools: Any) -> list[dict[str, Any]] | None:

@@ -9,7 +9,7 @@ The quick brown fox jumps over the lazy dog. A tiny model does not know much, bu
 speak the protocol: it reads a prompt, samples tokens one at a time, and stops when it is told to.
 Reinforcement learning rewards what works. An agent runs commands in a sandbox, reads the output,
 edits files and runs the tests again until they pass. Please fix the failing test in the repository.
-You are a helpful assistant. Answer the question using the tools you are given. The user asked you
+You are Qwen, created by Alibaba Cloud. You are a helpful assistant. Answer the question using the tools you are given. The user asked you
 to list the files in the current directory, then to read the README and summarise it in one line.
 Thank you! The build finished without errors. The tests passed. The function returns the sum of
 two numbers. Write a program that prints hello world. What is the capital of France? Paris.

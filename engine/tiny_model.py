@@ -3,7 +3,7 @@
 Nothing here reaches a model hub. `build_tiny_model(seed)` trains a tokenizer on text the package
 ships (a built-in corpus of English, code, shell and JSON plus `corpus.txt`, a snapshot of the package's
 own sources), saves it as a `transformers` fast
-tokenizer with the hermes/ChatML chat template, and saves a randomly initialised `Qwen2ForCausalLM`
+tokenizer with Qwen2.5's chat template (ChatML, hermes tool calls), and saves a randomly initialised `Qwen2ForCausalLM`
 of a few million parameters. Same seed and same package version give byte-identical files. The
 folder is a normal Hugging Face model folder, so everything downstream (engine, trainer) loads it with
 `from_pretrained` exactly like a real checkpoint.
@@ -25,7 +25,7 @@ from engine.chat import CHAT_TEMPLATE, RESPONSE_TEMPLATE
 from engine.corpus import BUILTIN_CORPUS
 from engine.errors import ModelBuildError
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 """Bump when the recipe changes, so cached folders are rebuilt."""
 MANIFEST = "harbor_tiny.json"
 VOCAB_SIZE = 6144

@@ -72,6 +72,7 @@ def verify_result(result: RolloutResult) -> VerifyResult:
         "tool_call_count": result.tool_call_count,
         "tool_failure_count": result.tool_failures,
         "tool_calls_by_name": dict(result.tool_calls_by_name),
+        "tool_failures_by_name": dict(result.tool_failures_by_name),
         "num_turns": result.num_turns,
         "timings": dict(result.timings),
         "error": result.error,

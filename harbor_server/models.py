@@ -82,6 +82,8 @@ class RolloutResult(BaseModel):
     timed_out: bool = False
     tool_calls_by_name: dict[str, int] = Field(default_factory=dict)
     tool_failures: int = 0
+    tool_failures_by_name: dict[str, int] = Field(default_factory=dict)
+    """Failures of each tool (absent from rollouts recorded before it was kept)."""
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     """Seconds per phase: sandbox_start, agent, verifier, sandbox_stop, total."""

@@ -29,7 +29,7 @@ from capture_proxy.config import normalize_engine_url
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.models import SessionCreate
 from capture_proxy.service import CaptureService
-from capture_proxy.store import TraceStore
+from capture_proxy.store import ROLLOUT_KEY, TraceStore
 from harbor_server.config import ServeConfig
 from harbor_server.engine_check import engine_context_length
 from harbor_server.errors import BadRolloutRequest, HarborServerError
@@ -41,8 +41,6 @@ from tasks import Task, verify
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_KEY = "rollout"
-"""Key of the session record's metadata under which the server keeps a rollout's own facts."""
 AGENT_TIMEOUT_GRACE_S = 60.0
 """Harnesses enforce the agent timeout inside the sandbox; this backstop fires that much later."""
 RECANCEL_INTERVAL_S = 1.0
@@ -389,6 +387,7 @@ class RolloutRunner:
             "timed_out": ending.timed_out,
             "tool_calls_by_name": dict(outcome.tool_calls_by_name),
             "tool_failures": outcome.tool_failures,
+            "tool_failures_by_name": dict(outcome.tool_failures_by_name),
             "agent_exit_code": outcome.exit_code,
             "agent_log_tail": _tail(outcome.log_tail),
             "verifier_output": ending.verifier_output,

@@ -25,7 +25,7 @@ from capture_proxy.config import normalize_engine_url
 from capture_proxy.errors import InvalidTraceError, SessionNotFound
 from capture_proxy.models import TrainingTrace
 from capture_proxy.service import CaptureService
-from capture_proxy.store import SessionRecord, TraceStore
+from capture_proxy.store import ROLLOUT_KEY, SessionRecord, TraceStore
 from harbor_server.config import ServeConfig
 from harbor_server.errors import (
     BadRolloutRequest,
@@ -44,7 +44,7 @@ from harbor_server.models import (
     RolloutState,
     RolloutStatus,
 )
-from harbor_server.rollout_run import ROLLOUT_KEY, LiveRollout, RolloutRunner
+from harbor_server.rollout_run import LiveRollout, RolloutRunner
 from harnesses import Harness, UnknownHarness, get_harness, harness_names
 from sandboxes import BACKENDS, SandboxBackend, get_backend
 from sandboxes.errors import SandboxUnavailable
@@ -73,6 +73,7 @@ def result_from_record(record: SessionRecord) -> RolloutResult:
         timed_out=bool(facts.get("timed_out", False)),
         tool_calls_by_name=dict(facts.get("tool_calls_by_name") or {}),
         tool_failures=int(facts.get("tool_failures") or 0),
+        tool_failures_by_name=dict(facts.get("tool_failures_by_name") or {}),
         error=record.error,
         timings=dict(facts.get("timings") or {}),
         num_turns=record.num_turns,

@@ -54,9 +54,13 @@ class AgentOutcome(BaseModel):
     error: str | None = None
     """Why the harness itself failed (not the agent's task failure)."""
     tool_calls_by_name: dict[str, int] = Field(default_factory=dict)
-    tool_failures: int = 0
+    tool_failures_by_name: dict[str, int] = Field(default_factory=dict)
     log_tail: str = ""
     """Last part of the agent's output, for the inspector."""
+
+    @property
+    def tool_failures(self) -> int:
+        return sum(self.tool_failures_by_name.values())
 
 
 @runtime_checkable

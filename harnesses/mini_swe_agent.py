@@ -136,7 +136,7 @@ class MiniSweAgentHarness:
             timed_out=timed_out or summary.exit_status == "TimeExceeded",
             error=summary.error,
             tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
+            tool_failures_by_name=metrics.failures_by_name,
             log_tail=tail(
                 f"{output}\n[exit status: {summary.exit_status or 'none'}; model calls: {summary.api_calls}]"
             ),

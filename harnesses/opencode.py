@@ -136,7 +136,7 @@ class OpenCodeHarness:
             timed_out=timed_out,
             error=error,
             tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
+            tool_failures_by_name=metrics.failures_by_name,
             log_tail=tail(f"{result.stderr}\n{summary.text}\n[steps: {summary.steps}]"),
         )
 

@@ -38,7 +38,7 @@ class OracleHarness:
             exit_code=result.exit_code,
             timed_out=result.timed_out or result.exit_code == 124,
             tool_calls_by_name={"solve.sh": 1},
-            tool_failures=0 if result.ok else 1,
+            tool_failures_by_name={} if result.ok else {"solve.sh": 1},
             log_tail=tail(result.stdout + result.stderr),
         )
 

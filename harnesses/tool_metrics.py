@@ -31,11 +31,16 @@ class ToolResult(BaseModel):
 
 class ToolMetrics(BaseModel):
     calls_by_name: dict[str, int] = Field(default_factory=dict)
-    failures: int = 0
+    failures_by_name: dict[str, int] = Field(default_factory=dict)
+    """Distinct failures of each tool (TRL reports them as `tools/<name>/failure_total`)."""
 
     @property
     def total_calls(self) -> int:
         return sum(self.calls_by_name.values())
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failures_by_name.values())
 
 
 def is_failure(result: ToolResult) -> bool:
@@ -43,11 +48,11 @@ def is_failure(result: ToolResult) -> bool:
 
 
 def summarize(results: Iterable[ToolResult]) -> ToolMetrics:
-    """Count calls by name and distinct failures."""
+    """Count calls and distinct failures by tool name."""
     calls: Counter[str] = Counter()
     failed: set[tuple[str, str]] = set()
     for result in results:
         calls[result.name] += 1
         if is_failure(result):
             failed.add((result.name, result.output[:DEDUP_PREFIX_CHARS]))
-    return ToolMetrics(calls_by_name=dict(calls), failures=len(failed))
+    return ToolMetrics(calls_by_name=dict(calls), failures_by_name=dict(Counter(name for name, _ in failed)))

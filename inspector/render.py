@@ -30,7 +30,7 @@ import orjson
 from capture_proxy.errors import InvalidTraceError
 from capture_proxy.graph import RolloutGraph, build_rollout_graph, finalize_trace
 from capture_proxy.models import TrainingTurn
-from capture_proxy.store.records import SessionRecord
+from capture_proxy.store.records import ROLLOUT_KEY, SessionRecord
 from capture_proxy.validation import Finding, Severity, validate_trace
 from inspector.graph_view import render_graph
 from inspector.queries import StoredRollout
@@ -44,8 +44,6 @@ MAX_COMPLETION_TOKENS_PER_TURN = 8_000
 MAX_TOKENS_PER_PAGE = 40_000
 """Token spans drawn on one rollout page; later turns' token views are drawn one at a time on request
 (a span costs ~150 bytes of HTML: a long rollout drawn whole would be tens of MB in the browser)."""
-ROLLOUT_KEY = "rollout"
-"""Where `harbor serve` keeps rollout facts in a session's metadata."""
 
 STYLE = """
 <style>
@@ -189,7 +187,7 @@ def _render_rewards(record: SessionRecord) -> str:
 
 
 def _render_timings(view: RolloutView, facts: Mapping[str, Any]) -> str:
-    timings = facts.get("timings") if isinstance(facts.get("timings"), Mapping) else {}
+    timings = _mapping(facts.get("timings"))
     rows = [(phase, f"{float(s):.3f} s") for phase, s in timings.items() if isinstance(s, int | float)]
     latencies = [t.metadata.latency_s for t in view.turns if t.metadata.latency_s is not None]
     if latencies:
@@ -199,15 +197,21 @@ def _render_timings(view: RolloutView, facts: Mapping[str, Any]) -> str:
     return f"<h3>Timings</h3>{_kv_table(rows, cls='kv timings')}" if rows else ""
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _render_tool_counts(view: RolloutView, facts: Mapping[str, Any]) -> str:
     asked = tool_calls_by_name(view.turns)
-    reported = facts.get("tool_calls_by_name") if isinstance(facts.get("tool_calls_by_name"), Mapping) else {}
-    names = sorted(set(asked) | set(reported))
+    reported = _mapping(facts.get("tool_calls_by_name"))
+    failed = _mapping(facts.get("tool_failures_by_name"))
+    names = sorted(set(asked) | set(reported) | set(failed))
     if not names and "tool_failures" not in facts:
         return "<h3>Tool calls</h3><p>none</p>"
-    head = "<tr><th>tool</th><th>asked by the model</th><th>run by the harness</th></tr>"
+    head = "<tr><th>tool</th><th>asked by the model</th><th>run by the harness</th><th>failed</th></tr>"
     body = "".join(
-        f"<tr><td>{esc(n)}</td><td>{asked.get(n, 0)}</td><td>{esc(reported.get(n, '-'))}</td></tr>"
+        f"<tr><td>{esc(n)}</td><td>{asked.get(n, 0)}</td><td>{esc(reported.get(n, '-'))}</td>"
+        f"<td>{esc(failed.get(n, 0) if failed else '-')}</td></tr>"
         for n in names
     )
     failures = f"<p>tool failures: {esc(facts['tool_failures'])}</p>" if "tool_failures" in facts else ""

@@ -276,6 +276,7 @@ class HarnessAsyncGRPOTrainer:
         rewards, stds, zero_spread, staleness, lengths = [], [], 0, [], []
         env_rewards, calls_per_rollout, failures, calls_total = [], [], 0, 0
         calls_by_name: Counter[str] = Counter()
+        failures_by_name: Counter[str] = Counter()
         failed = sum(s.failed for g in groups for s in g.samples)
         for group in groups:
             adv = group_advantages([s.reward for s in group.samples])
@@ -293,6 +294,7 @@ class HarnessAsyncGRPOTrainer:
                 if sample.outcome is not None:
                     lengths.append(sample.outcome.completion_tokens)
                     calls_by_name.update(sample.outcome.tool_calls_by_name)
+                    failures_by_name.update(sample.outcome.tool_failures_by_name)
                     if sample.outcome.env_reward is not None:
                         env_rewards.append(sample.outcome.env_reward)
                 if sample.policy_version is not None:
@@ -316,6 +318,7 @@ class HarnessAsyncGRPOTrainer:
             "tools/call_frequency": _mean(calls_per_rollout),
             "tools/failure_frequency": failures / calls_total if calls_total else None,
             **{f"tools/{name}/call_total": count for name, count in sorted(calls_by_name.items())},
+            **{f"tools/{name}/failure_total": count for name, count in sorted(failures_by_name.items())},
         }
         if self.reward_fn is not None:
             stats["rollout/correctness_mean"] = _mean(env_rewards)

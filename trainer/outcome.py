@@ -28,6 +28,7 @@ class HarnessRolloutOutcome:
     tool_call_count: int = 0
     tool_failure_count: int = 0
     tool_calls_by_name: dict[str, int] = field(default_factory=dict)
+    tool_failures_by_name: dict[str, int] = field(default_factory=dict)
     timed_out: bool = False
     status: str = "completed"
     """The rollout's terminal status: completed, failed, timed_out or cancelled."""
@@ -36,7 +37,7 @@ class HarnessRolloutOutcome:
     @classmethod
     def from_verify(cls, env_reward: float | None, metrics: Mapping[str, Any], trace: TrainingTrace):
         """From a session's `verify()` (VerifyResult.env_reward, .metrics) and its training trace."""
-        by_name = {str(k): int(v) for k, v in dict(metrics.get("tool_calls_by_name") or {}).items()}
+        by_name = _counts(metrics.get("tool_calls_by_name"))
         return cls(
             env_reward=env_reward,
             completion=final_transcript(trace),
@@ -45,6 +46,7 @@ class HarnessRolloutOutcome:
             tool_call_count=int(metrics.get("tool_call_count", sum(by_name.values())) or 0),
             tool_failure_count=int(metrics.get("tool_failure_count", 0) or 0),
             tool_calls_by_name=by_name,
+            tool_failures_by_name=_counts(metrics.get("tool_failures_by_name")),
             timed_out=bool(metrics.get("timed_out", False)),
             status=str(metrics.get("status") or "completed"),
             error=metrics.get("error"),
@@ -53,6 +55,10 @@ class HarnessRolloutOutcome:
     @property
     def completion_tokens(self) -> int:
         return sum(len(t.completion_token_ids) for t in self.training_trace.turns)
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in dict(raw or {}).items()}
 
 
 def final_transcript(trace: TrainingTrace) -> list[dict[str, Any]]:

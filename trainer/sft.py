@@ -100,7 +100,36 @@ class SFTResult:
 def _render(
     tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, **kw
 ) -> str:
-    return tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False, **kw)
+    return tokenizer.apply_chat_template(
+        [_as_served(m) for m in messages], tools=tools or None, tokenize=False, **kw
+    )
+
+
+def _as_served(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as an OpenAI-compatible server hands it to the chat template, so SFT trains on the text
+    the engine will show the model: null content as "", tool-call arguments (OpenAI's JSON strings) as
+    objects. vLLM does this in `_postprocess_messages` (vllm/entrypoints/chat_utils.py), and so does our
+    engine (`engine.chat.normalize_messages`); without it Qwen2.5's template would render the arguments as a
+    quoted string, a format the model never sees at serving time."""
+    out = {**message, "content": message.get("content") or ""}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [
+            {**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
+            for call in calls
+        ]
+    elif calls is not None:
+        del out["tool_calls"]
+    return out
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            raw = {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def assistant_spans(

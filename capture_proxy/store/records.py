@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from capture_proxy.models import Purpose, SessionStatus, TrainingTrace, TrainingTurn
 
 TERMINAL_STATUSES: frozenset[str] = frozenset(get_args(SessionStatus)) - {"running"}
+ROLLOUT_KEY = "rollout"
+"""Key of a session's `metadata` under which `harbor serve` keeps its rollout's own facts (timings, tool
+counts, verifier output); the inspector reads them from there."""
 
 
 class SessionRecord(BaseModel):

@@ -270,7 +270,7 @@ class EnvFactoryHarness:
         return AgentOutcome(
             exit_code=0,
             tool_calls_by_name=result.tool_calls_by_name,
-            tool_failures=result.tool_failures,
+            tool_failures_by_name=result.tool_failures_by_name,
             log_tail=tail(_summary(result, total)),
         )
 
@@ -347,7 +347,7 @@ class EnvFactoryHarness:
         return AgentOutcome(
             exit_code=0,
             tool_calls_by_name=dict(Counter(entry.tool_name for entry in trace)),
-            tool_failures=sum(entry.result.error is not None for entry in trace),
+            tool_failures_by_name=dict(Counter(e.tool_name for e in trace if e.result.error is not None)),
             log_tail=tail(_session_summary(episode, step, reward)),
         )
 

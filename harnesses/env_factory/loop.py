@@ -85,6 +85,10 @@ class EpisodeResult(BaseModel):
         return dict(Counter(call.name for call in self.tool_calls))
 
     @property
+    def tool_failures_by_name(self) -> dict[str, int]:
+        return dict(Counter(call.name for call in self.tool_calls if call.failed))
+
+    @property
     def tool_failures(self) -> int:
         return sum(call.failed for call in self.tool_calls)
 

@@ -40,6 +40,7 @@ def test_model_and_tokenizer_shape(reference):
 
 
 def test_chat_template_renders_tools_calls_and_responses(reference):
+    """Arguments as objects, the way an OpenAI-compatible server hands messages to the template."""
     _, tokenizer = reference
     tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
     messages = [
@@ -52,7 +53,7 @@ def test_chat_template_renders_tools_calls_and_responses(reference):
                 {
                     "id": "c1",
                     "type": "function",
-                    "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+                    "function": {"name": "bash", "arguments": {"command": "ls"}},
                 }
             ],
         },
@@ -95,3 +96,15 @@ def test_engine_command_rejects_a_missing_model_folder(tmp_path):
     result = CliRunner().invoke(app, ["engine", "--model", str(tmp_path / "missing")])
     assert result.exit_code == 2
     assert "neither 'tiny' nor a local Hugging Face model folder" in result.output
+
+
+def test_chat_template_is_qwen25_and_without_a_system_message_uses_its_default(reference):
+    from engine.chat import CHAT_TEMPLATE
+
+    _, tokenizer = reference
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert text == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n"
+    )

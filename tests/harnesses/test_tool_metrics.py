@@ -33,7 +33,7 @@ def test_the_same_failure_repeated_counts_once() -> None:
     metrics = summarize([*same, other_tool, other_text])
     assert metrics.calls_by_name == {"bash": 4, "read": 1}
     # the three `same` differ only after 200 characters: one failure; the other two are distinct
-    assert metrics.failures == 3
+    assert metrics.failures == 3 and metrics.failures_by_name == {"bash": 2, "read": 1}
 
 
 def test_no_calls_no_failures() -> None:

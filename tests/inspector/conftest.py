@@ -122,7 +122,8 @@ def real_rollouts(proxy: Proxy, imitation: Imitation) -> Rollouts:  # noqa: F811
             "verifier_output": "===== 4 passed in 0.12s =====\nreward: 1.0",
             "timings": {"sandbox_start": 0.41, "agent": 2.5, "verifier": 0.3, "total": 3.4},
             "tool_calls_by_name": {"bash": 2},
-            "tool_failures": 0,
+            "tool_failures": 1,
+            "tool_failures_by_name": {"bash": 1},
         },
     )
     imitation.configure(policy_version=4)

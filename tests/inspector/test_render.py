@@ -103,6 +103,8 @@ def test_page_shows_summary_rewards_findings_graph_and_verifier(agent_view):
     assert "tool call <b>bash</b>" in html  # the model's tool calls, by name with their arguments
     assert "&quot;command&quot;: &quot;echo hello&quot;" in html
     assert "<th>sandbox_start</th>" in html
+    # tool calls by name: asked for by the model (from the trace), run and failed (the harness's report)
+    assert re.search(r"<tr><td>bash</td><td>\d+</td><td>2</td><td>1</td></tr>", html)
 
 
 def test_unscoreable_reward_is_never_shown_as_zero(real_rollouts):

@@ -23,12 +23,13 @@ def target_fraction(completion: list[int], targets: set[int]) -> float | None:
 
 
 class DirectSession:
-    def __init__(self, trace: TrainingTrace, reward: float | None) -> None:
+    def __init__(self, trace: TrainingTrace, reward: float | None, tool_metrics: dict[str, Any] | None = None):
         self.trace, self.reward = trace, reward
+        self.tool_metrics = dict(tool_metrics or {"tool_calls_by_name": {}})
         self.closed = False
 
     def verify(self) -> VerifyResult:
-        return VerifyResult(env_reward=self.reward, metrics={"status": "completed", "tool_calls_by_name": {}})
+        return VerifyResult(env_reward=self.reward, metrics={"status": "completed", **self.tool_metrics})
 
     def fetch_training_trace(self) -> TrainingTrace:
         return self.trace
@@ -39,11 +40,19 @@ class DirectSession:
 
 class DirectSessionFactory:
     def __init__(
-        self, engine_url: str, *, sampling: dict[str, Any] | None = None, model: str = "tiny"
+        self,
+        engine_url: str,
+        *,
+        sampling: dict[str, Any] | None = None,
+        model: str = "tiny",
+        tool_metrics: dict[str, Any] | None = None,
     ) -> None:
+        """`tool_metrics`: what every session's verify() reports about tool calls, as the server's
+        sessions do (`tool_calls_by_name`, `tool_failures_by_name`, counts)."""
         self.engine_url = engine_url.rstrip("/")
         self.sampling = dict(sampling or {})
         self.model = model
+        self.tool_metrics = tool_metrics
         self.http = httpx.Client(timeout=120)
         self.created: list[str] = []
 
@@ -73,7 +82,7 @@ class DirectSessionFactory:
             }],
             "task_id": str(task.get("task_id")),
         })  # fmt: skip
-        return DirectSession(trace, target_fraction(completion, set(task["targets"])))
+        return DirectSession(trace, target_fraction(completion, set(task["targets"])), self.tool_metrics)
 
     def close(self) -> None:
         self.http.close()

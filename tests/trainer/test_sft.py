@@ -102,7 +102,7 @@ def test_a_few_steps_lower_the_loss_and_the_folder_is_served(tiny_dir, tmp_path)
     write_results(tmp_path / "results.jsonl", [("echo-hi", "Hi!", 1.0), ("echo-hello", "Hello!", 1.0)])
     config = SFTConfig(
         data=str(tmp_path / "results.jsonl"), model=str(tiny_dir), output_dir=str(tmp_path / "sft"),
-        max_steps=6, per_device_train_batch_size=2, learning_rate=1e-3,
+        max_steps=6, per_device_train_batch_size=2, learning_rate=3e-4,
     )  # fmt: skip
     model, tokenizer = load_model_and_tokenizer(tiny_dir)
     examples = [tokenize_conversation(tokenizer, ep.messages, ep.tools) for ep in load_episodes(config)]
@@ -114,7 +114,7 @@ def test_a_few_steps_lower_the_loss_and_the_folder_is_served(tiny_dir, tmp_path)
     trained, _ = load_model_and_tokenizer(result.output_dir)
     with torch.no_grad():
         after = float(sft_loss(trained, examples, tokenizer.pad_token_id))
-    assert after < before - 0.5, (before, after)  # 8.68 -> 7.29 nats per assistant token here
+    assert after < before - 0.5, (before, after, result.losses)  # 8.58 -> 5.79 nats per assistant token here
     summary = json.loads((result.output_dir / "sft_summary.json").read_text())
     assert summary["steps"] == 6 and summary["final_loss"] == result.losses[-1]
 

@@ -84,3 +84,23 @@ def test_epochs_cosine_schedule_and_step_limit_reach_the_run(fresh_engine, tiny_
     assert RecordingFactory.built_with[0]["agent_step_limit"] == 3
     assert "rewards/harness_reward/mean" in history[0] and "rewards/harness_reward/std" in history[0]
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history if h.get("num_trained_tokens"))
+
+
+def test_tool_metrics_carry_trls_names(fresh_engine, tiny_model, tmp_path) -> None:
+    """`tools/<name>/call_total` and `/failure_total` summed over a step's rollouts, as TRL's rollout
+    worker counts them (trl/experimental/async_grpo/openenv_harness.py), from what sessions report."""
+    model, tokenizer = tiny_model
+    reported = {
+        "tool_calls_by_name": {"bash": 3, "edit": 1}, "tool_failures_by_name": {"bash": 1},
+        "tool_call_count": 4, "tool_failure_count": 1,
+    }  # fmt: skip
+    factory = functools.partial(DirectSessionFactory, fresh_engine.url, tool_metrics=reported)
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path), report_to="jsonl", num_generations=2, per_device_train_batch_size=2,
+        max_concurrent_rollouts=2, max_completion_length=4, max_steps=1, vllm_server_base_url=None,
+    )  # fmt: skip
+    tasks = [{"task_id": "t0", "prompt_ids": [20, 31, 42], "targets": [100, 101]}]
+    (step,) = HarnessAsyncGRPOTrainer(model, factory, config, train_dataset=tasks, processing_class=tokenizer).train()
+    assert step["tools/bash/call_total"] == 6 and step["tools/edit/call_total"] == 2
+    assert step["tools/bash/failure_total"] == 2 and "tools/edit/failure_total" not in step
+    assert step["tools/call_frequency"] == 4 and step["tools/failure_frequency"] == pytest.approx(2 / 8)

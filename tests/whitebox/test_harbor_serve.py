@@ -114,6 +114,7 @@ def test_echo_environment_through_harbor_serve(server, engines):
     assert result.status == "completed", result.error
     # The task allows 3 rounds; every echo() without its argument raised.
     assert result.tool_calls_by_name == {"echo": 3} and result.tool_failures == 3
+    assert result.tool_failures_by_name == {"echo": 3}
     assert result.env_reward == 0.0 and result.rewards == {"reward": 0.0, "echo_reward": 0.0}
     check_trace(trace, tool_errors=3)
     first = trace.turns[0].request
@@ -137,6 +138,7 @@ def test_coding_environment_on_a_harbor_task_through_harbor_serve(server, engine
     result, trace = rollout(server, engines["submit"], "builtin", "wordcount-cli")
     assert result.status == "completed", result.error
     assert result.tool_calls_by_name == {"submit": 1} and result.tool_failures == 0
+    assert result.tool_failures_by_name == {}
     assert result.env_reward == 0.0
     assert "stop: env_done" in result.agent_log_tail
     assert len(trace.turns) == 1  # one call is a whole white-box episode here, not a degenerate capture
