@@ -86,6 +86,19 @@ class Dataset:
         raise TaskNotFound(f"{self.source} split {self.split!r} has no task {task_id!r}")
 
 
+def split_name(spec: str) -> str:
+    """The split a `--dataset` value is served as when no split is given, without loading it (a job
+    launcher names the split of a dataset that only exists on the job's machine)."""
+    if spec in NAMED_DATASETS:
+        return spec
+    if spec.startswith("hf:"):
+        return spec[3:].partition("@")[2] or "train"
+    path = Path(spec).expanduser()
+    if not path.is_dir() and REGISTRY_SPEC_RE.fullmatch(spec):
+        return spec
+    return path.absolute().name
+
+
 def load_dataset_spec(spec: str, *, split: str | None = None, cache_dir: Path | None = None) -> Dataset:
     """Resolve one `--dataset` value (see the module docstring)."""
     if spec in NAMED_DATASETS:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import secrets as _random
 import time
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harbor_rl.jobs.errors import JobConfigError
+from tasks.datasets import split_name
 
 HF_TOKEN, E2B_API_KEY = "HF_TOKEN", "E2B_API_KEY"
 RUN_LABEL = "harbor-run"
@@ -66,12 +66,7 @@ def default_split(datasets: list[str]) -> str:
     """The split `harbor serve` gives the one dataset (the rules of tasks.datasets.load_dataset_spec)."""
     if len(datasets) != 1:
         raise JobConfigError(f"{len(datasets)} datasets {datasets}: give `split` (the one to train on)")
-    spec = datasets[0]
-    if spec == "builtin":
-        return "builtin"
-    if spec.startswith("hf:"):
-        return spec[3:].partition("@")[2] or "train"
-    return PurePosixPath(spec.rstrip("/")).name
+    return split_name(datasets[0])
 
 
 class EngineSettings(BaseModel):

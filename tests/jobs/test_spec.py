@@ -117,6 +117,9 @@ def test_embedded_engine_runs_on_a_cpu_flavour_and_the_split_follows_the_dataset
     assert cfg.split == "dev" and cfg.num_gpus == 1
     assert config(dataset=["/data/tasks/swe-smith/"]).split == "swe-smith"
     assert config(dataset=["hf:org/tasks"]).split == "train"
+    # a Harbor registry dataset is served under its whole NAME@VERSION, owner included
+    assert config(dataset=["org/bench@1.0"]).split == "org/bench@1.0"
+    assert config(dataset=["env-tasks"]).split == "env-tasks"
 
 
 def test_yaml_settings_with_flags_over_them(tmp_path) -> None:
