@@ -40,6 +40,8 @@ class Elided(IntFlag):
     """choices[0].logprobs.tokens as `token_id:N` (completions)."""
     CHOICE_PROMPT_IDS = 32
     """choices[0].prompt_token_ids (completions)."""
+    CHAT_BYTES = 64
+    """With CHAT_LOGPROBS: each entry's `bytes` after them, when every entry's is its token's UTF-8."""
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -96,21 +98,24 @@ def _same_float(value: Any, x: float) -> bool:
     )
 
 
-def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> list[dict] | None:
-    """Each entry without its leading token and logprob, or None when any entry cannot be rebuilt."""
+def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> tuple[list[dict], bool] | None:
+    """Each entry without its leading token and logprob (and `bytes`, when every entry's is its
+    token's UTF-8), or None when any entry cannot be rebuilt."""
     if type(content) is not list or len(content) != len(ids) or len(logps) != len(ids):
         return None
-    out = []
+    with_bytes = True
     for entry, tid, lp in zip(content, ids, logps, strict=True):
         if type(entry) is not dict:
             return None
         keys = iter(entry)
         if next(keys, None) != "token" or next(keys, None) != "logprob":
             return None
-        if entry["token"] != f"{_TOKEN_ID}{tid}" or not _same_float(entry["logprob"], lp):
+        token = entry["token"]
+        if token != f"{_TOKEN_ID}{tid}" or not _same_float(entry["logprob"], lp):
             return None
-        out.append({k: v for k, v in entry.items() if k != "token" and k != "logprob"})
-    return out
+        with_bytes = with_bytes and next(keys, None) == "bytes" and entry["bytes"] == list(token.encode())
+    drop = ("token", "logprob", "bytes") if with_bytes else ("token", "logprob")
+    return [{k: v for k, v in entry.items() if k not in drop} for entry in content], with_bytes
 
 
 def elide_response(
@@ -137,11 +142,13 @@ def elide_response(
             lp_out: dict[str, Any] = {}
             residuals = _chat_residuals(lp.get("content"), completion, logps)
             if residuals is not None:
-                lp_out["content"] = residuals
-                flags |= Elided.CHAT_LOGPROBS
+                lp_out["content"] = residuals[0]
+                flags |= Elided.CHAT_LOGPROBS | (Elided.CHAT_BYTES if residuals[1] else 0)
             text_lps = lp.get("token_logprobs")
-            if type(text_lps) is list and len(text_lps) == len(logps) and all(
-                map(_same_float, text_lps, logps)
+            if (
+                type(text_lps) is list
+                and len(text_lps) == len(logps)
+                and all(map(_same_float, text_lps, logps))
             ):
                 lp_out["token_logprobs"] = None
                 flags |= Elided.TEXT_LOGPROBS
@@ -175,7 +182,13 @@ def restore_response(
     if Elided.COMPLETION_IDS in elided:
         choice["token_ids"] = completion
     lp = choice.get("logprobs")
-    if Elided.CHAT_LOGPROBS in elided:
+    if Elided.CHAT_BYTES in elided:
+        tokens = [f"{_TOKEN_ID}{tid}" for tid in completion]
+        lp["content"] = [
+            {"token": t, "logprob": x, "bytes": list(t.encode()), **rest}
+            for t, x, rest in zip(tokens, logps, lp["content"], strict=True)
+        ]
+    elif Elided.CHAT_LOGPROBS in elided:
         lp["content"] = [
             {"token": f"{_TOKEN_ID}{tid}", "logprob": x, **rest}
             for tid, x, rest in zip(completion, logps, lp["content"], strict=True)

@@ -50,8 +50,19 @@ def test_a_vllm_reply_keeps_only_what_the_arrays_do_not_hold():
     [
         chat_reply(token_ids=[8, 10]),  # not the captured ids
         chat_reply(token_ids=[8.0, 9]),  # equal as numbers, not as JSON
-        chat_reply(logprobs={"content": [{"logprob": -0.5, "token": "token_id:8"}, {"token": "token_id:9", "logprob": -0.0}]}),
-        chat_reply(logprobs={"content": [{"token": "token_id:8", "logprob": -0.5}, {"token": "token_id:9", "logprob": 0.0}]}),
+        chat_reply(
+            logprobs={
+                "content": [
+                    {"logprob": -0.5, "token": "token_id:8"},
+                    {"token": "token_id:9", "logprob": -0.0},
+                ]
+            }
+        ),
+        chat_reply(
+            logprobs={
+                "content": [{"token": "token_id:8", "logprob": -0.5}, {"token": "token_id:9", "logprob": 0.0}]
+            }
+        ),
         chat_reply(logprobs={"content": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -0.0}]}),
         {**chat_reply(), "prompt_token_ids": [5, 6, True]},
     ],
@@ -59,6 +70,16 @@ def test_a_vllm_reply_keeps_only_what_the_arrays_do_not_hold():
 )
 def test_what_cannot_be_rebuilt_exactly_is_stored_as_sent(reply):
     _, _, back = roundtrip(reply)
+    assert orjson.dumps(back) == orjson.dumps(reply)
+
+
+def test_bytes_that_are_the_tokens_utf8_are_rebuilt_too():
+    content = [{"token": f"token_id:{t}", "logprob": lp, "bytes": list(f"token_id:{t}".encode()), "top_logprobs": []}
+               for t, lp in zip(COMPLETION, LOGPS, strict=True)]  # fmt: skip
+    reply = chat_reply(logprobs={"content": content})
+    stored, flags, back = roundtrip(reply)
+    assert Elided.CHAT_BYTES in Elided(flags)
+    assert stored["choices"][0]["logprobs"]["content"] == [{"top_logprobs": []}] * 2
     assert orjson.dumps(back) == orjson.dumps(reply)
 
 
