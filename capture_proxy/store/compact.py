@@ -17,7 +17,9 @@ was (same values, same key order), so any other shape is stored as sent.
 from __future__ import annotations
 
 import math
+import operator
 from enum import IntFlag
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -98,24 +100,39 @@ def _same_float(value: Any, x: float) -> bool:
     )
 
 
+_TOKEN = itemgetter("token")
+_LOGPROB = itemgetter("logprob")
+_BYTES = itemgetter("bytes")
+
+
 def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> tuple[list[dict], bool] | None:
     """Each entry without its leading token and logprob (and `bytes`, when every entry's is its
-    token's UTF-8), or None when any entry cannot be rebuilt."""
-    if type(content) is not list or len(content) != len(ids) or len(logps) != len(ids):
+    token's UTF-8), or None when any entry cannot be rebuilt. Checked a column at a time, in C where
+    the checks allow (an entry per completion token)."""
+    if type(content) is not list or not content or len(content) != len(ids) or len(logps) != len(ids):
         return None
-    with_bytes = True
-    for entry, tid, lp in zip(content, ids, logps, strict=True):
-        if type(entry) is not dict:
-            return None
-        keys = iter(entry)
-        if next(keys, None) != "token" or next(keys, None) != "logprob":
-            return None
-        token = entry["token"]
-        if token != f"{_TOKEN_ID}{tid}" or not _same_float(entry["logprob"], lp):
-            return None
-        with_bytes = with_bytes and next(keys, None) == "bytes" and entry["bytes"] == list(token.encode())
-    drop = ("token", "logprob", "bytes") if with_bytes else ("token", "logprob")
-    return [{k: v for k, v in entry.items() if k not in drop} for entry in content], with_bytes
+    if not all(type(entry) is dict for entry in content):
+        return None
+    shapes = set(map(tuple, content))  # each entry's keys, in order
+    if not all(keys[:2] == ("token", "logprob") for keys in shapes):
+        return None
+    tokens = [f"{_TOKEN_ID}{tid}" for tid in ids]
+    if list(map(_TOKEN, content)) != tokens:
+        return None
+    values = list(map(_LOGPROB, content))
+    if not all(map(operator.is_, values, logps)) and not all(map(_same_float, values, logps)):
+        return None
+    with_bytes = (
+        all(keys[2:3] == ("bytes",) for keys in shapes)
+        and content[0]["bytes"] == list(tokens[0].encode())  # a mismatch is found before building the rest
+        and list(map(_BYTES, content)) == [list(t.encode()) for t in tokens]
+    )
+    skip = 3 if with_bytes else 2
+    rest = next(iter(shapes))[skip:]
+    if len(shapes) == 1 and len(rest) == 1:  # the usual case: `top_logprobs` is all that is left
+        key = rest[0]
+        return [{key: value} for value in map(itemgetter(key), content)], with_bytes
+    return [dict(list(entry.items())[skip:]) for entry in content], with_bytes
 
 
 def elide_response(
