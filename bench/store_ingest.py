@@ -263,7 +263,7 @@ def _full_bytes(turn: TrainingTurn) -> int:
     )  # fmt: skip
 
 
-def bench_rollout(folder: Path, n_turns: int = ROLLOUT_TURNS) -> Table:
+def bench_rollout(folder: Path, n_turns: int = ROLLOUT_TURNS) -> tuple[Table, str]:
     turns = growing_rollout(n_turns)
     store = TraceStore(f"sqlite:///{folder / 'rollout.db'}")
     store.create_session(_session(0))
@@ -296,11 +296,12 @@ def bench_rollout(folder: Path, n_turns: int = ROLLOUT_TURNS) -> Table:
             f"{sum(sizes[part]) / tenth:,.0f}", f"{sum(full[part]) / tenth:,.0f}",
         )  # fmt: skip
     first, last = sum(sizes[:tenth]), sum(sizes[-tenth:])
-    table.caption = (
-        f"last tenth / first tenth: stored {last / first:.2f} (target <= 1.20), in full "
-        f"{sum(full[-tenth:]) / sum(full[:tenth]):.2f}; read back identical: yes"
+    verdict = (
+        f"{n_turns}-turn rollout, last tenth / first tenth of the bytes per turn: stored {last / first:.2f} "
+        f"(target <= 1.20: {'yes' if last / first <= 1.2 else 'NO'}), in full "
+        f"{sum(full[-tenth:]) / sum(full[:tenth]):.2f}; every turn read back identical"
     )
-    return table
+    return table, verdict
 
 
 def render(work: Workload, results: list[Result]) -> Table:
@@ -356,13 +357,14 @@ def main() -> None:
         with console.status("SQLite"):
             results.append(bench_sqlite(work, folder))
         with console.status("a growing rollout"):
-            rollout = bench_rollout(folder)
+            rollout, rollout_verdict = bench_rollout(folder)
     pg_url = os.environ.get("HARBOR_TEST_POSTGRES_URL")
     if pg_url:
         with console.status("PostgreSQL"):
             results.append(bench_postgres(work, pg_url))
     console.print(render(work, results))
     console.print(rollout)
+    console.print(rollout_verdict)
     if not pg_url:
         console.print("PostgreSQL skipped: set HARBOR_TEST_POSTGRES_URL to include it.")
     console.print(
