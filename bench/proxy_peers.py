@@ -28,6 +28,13 @@ ids and logprobs on the engine's core, which is why a proxy that strips them can
 Then one session of 2,000 turns per target (sequential, non-streaming; the agent compacts its
 context every 32 turns, so the work per turn stays the same all along): whether a turn's latency and
 CPU grow with the session's length, per tenth of the session.
+
+Then real coding-agent turn sizes (`--prompt-sizes-only` runs just these): an engine reporting 512
+prompt ids to agents sending a 2 KB history, and one reporting 16,384 to agents sending a 70 KB one;
+the agents ask for logprobs and token ids themselves (as a trainer's client does), non-streamed, at
+1, 16 and 64 agents, each agent's history growing by the reply and a tool output per turn. For our
+proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and what
+the request, response and array columns hold.
 """
 
 from __future__ import annotations
@@ -152,9 +159,13 @@ def serve_harbor(port: int, upstream: str, store_url: str) -> None:
     )
 
 
-def start_engine(port: int, core: int | None, logdir: Path) -> subprocess.Popen:
+def start_engine(
+    port: int, core: int | None, logdir: Path, prompt_ids: int | None = None
+) -> subprocess.Popen:
     args = [sys.executable, "-m", "engine.imitation", "--port", str(port), "--model", MODEL,
             "--completion-tokens", str(COMPLETION_TOKENS)]  # fmt: skip
+    if prompt_ids is not None:
+        args += ["--prompt-tokens", str(prompt_ids)]
     with (logdir / "engine.log").open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})))  # fmt: skip
@@ -218,14 +229,26 @@ def reply_text(raw: bytes, stream: bool) -> str:
     return "".join(parts)
 
 
+def history(kb: int) -> list[dict]:
+    """A coding agent's conversation of about `kb` KB as JSON: the task, then commands and their output."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    while len(orjson.dumps(messages)) < kb * 1024:
+        messages.append(
+            {"role": "assistant", "content": "Running the failing test again after the edit. " * 4}
+        )
+        messages.append({"role": "user", "content": TOOL_OUTPUT})
+    return messages
+
+
 class Agent:
     """One agent's conversation: turns extend the context; `compact()` starts it over."""
 
-    def __init__(self) -> None:
+    def __init__(self, history_kb: int = 0) -> None:
+        self.history_kb = history_kb
         self.compact()
 
     def compact(self) -> None:
-        self.messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        self.messages = history(self.history_kb)
 
     def body(self, stream: bool, extra: dict) -> bytes:
         return orjson.dumps({"model": MODEL, "messages": self.messages, "stream": stream, **extra})
@@ -388,6 +411,222 @@ def run_target(name: str, engine_url: str, proxy_core: int | None, quick: bool, 
     return outcome
 
 
+# -- real turn sizes ------------------------------------------------------------------------------
+
+PROMPT_SIZES = {512: 2, 16_384: 70}
+"""Prompt ids the engine reports -> KB of history the agents send."""
+SIZE_PLAN = {1: 48, 16: 24, 64: 8}
+"""Agents -> turns per agent (one session each) at each prompt size."""
+SIZE_TARGETS = ("direct", "harbor-rl", "openenv")
+
+
+@dataclass
+class SizeOutcome:
+    prompt_ids: int
+    name: str
+    note: str = ""
+    levels: list[Level] = field(default_factory=list)
+    store: dict = field(default_factory=dict)
+    """Our proxy's store after the runs: turns, bytes, and per column group."""
+
+
+async def run_size_level(target: Target, agents: int, turns: int, history_kb: int) -> Level:
+    """`agents` agents at once, each one session of `turns` non-streamed turns asking for ids and logprobs."""
+    level = Level(False, agents)
+    url = f"{target.url}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=agents + 4, max_keepalive_connections=agents + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+
+        async def agent_loop() -> None:
+            agent = Agent(history_kb)
+            key, _ = await target.mint(client)
+            for _ in range(turns):
+                t0 = time.perf_counter()
+                try:
+                    raw = await call(client, url, key, agent.body(False, CAPTURE_PARAMS), False)
+                    text = reply_text(raw, False)
+                except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
+                    level.failed += 1
+                    level.first_failure = level.first_failure or repr(exc)[:300]
+                    return
+                level.latencies.append(time.perf_counter() - t0)
+                agent.observe(text)
+
+        before = tree_ticks(target.pid) if target.pid else 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(agent_loop() for _ in range(agents)))
+        level.wall_s = time.perf_counter() - t0
+        level.requests = len(level.latencies)
+        if target.pid and level.requests:
+            level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
+    return level
+
+
+def store_stats(db: Path, prompt_ids: int) -> dict:
+    """What our proxy's SQLite store holds after a prompt-size run (WAL checkpointed into the file)."""
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        turns, request, response, arrays, meta = conn.execute(
+            "SELECT count(*), sum(length(request)), sum(length(response)), sum(length(prompt_ids) + "
+            "length(completion_ids) + length(logps) + length(loss_mask)), sum(length(metadata)) FROM turns"
+        ).fetchone()
+    tokens = turns * (prompt_ids + COMPLETION_TOKENS)
+    return {"turns": turns, "tokens": tokens, "bytes": db.stat().st_size, "request": request or 0,
+            "response": response or 0, "arrays": arrays or 0, "metadata": meta or 0}  # fmt: skip
+
+
+def run_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: int | None, install: bool,
+                    logdir: Path) -> SizeOutcome:  # fmt: skip
+    outcome = SizeOutcome(prompt_ids, name)
+    history_kb = PROMPT_SIZES[prompt_ids]
+    proc = None
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    folder = logdir / f"prompt-{prompt_ids}-{name}"
+    folder.mkdir()
+    try:
+        if name == "direct":
+            target = Target(name, engine_url, None, _no_session)
+        elif name == "harbor-rl":
+            proc = start_harbor(port, engine_url, proxy_core, folder)
+            target = Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c))
+        elif name == "openenv":
+            peers.ensure_installed(peers.OPENENV, install)
+            proc = peers.start_openenv(port, engine_url, MODEL, ADMIN_KEY, proxy_core, folder)
+            target = Target(name, url, proc.pid, lambda c: _mint(url, {}, c))
+        else:
+            raise ValueError(f"the prompt-size runs measure {', '.join(SIZE_TARGETS)}, not {name!r}")
+
+        async def levels() -> list[Level]:
+            await run_size_level(target, 4, 3, history_kb)  # warm-up
+            out = []
+            for agents, turns in SIZE_PLAN.items():
+                level = await run_size_level(target, agents, turns, history_kb)
+                cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
+                console.log(f"{name} {prompt_ids} ids, {agents} agents: "
+                            f"{level.requests / level.wall_s:.0f} req/s{cpu}, {level.failed} failed")  # fmt: skip
+                out.append(level)
+            return out
+
+        outcome.levels = asyncio.run(levels())
+    except peers.PeerUnavailable as exc:
+        outcome.note = f"not run: {exc}"
+    except Exception as exc:  # reported in its row; the others still run
+        outcome.note = f"failed: {exc!r}"[:400]
+        console.log(f"[red]{name} at {prompt_ids} prompt ids: {outcome.note}")
+    finally:
+        peers.stop(proc)
+    if name == "harbor-rl" and (folder / "traces.db").exists():
+        outcome.store = store_stats(folder / "traces.db", prompt_ids)
+    return outcome
+
+
+def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | None, install: bool,
+              logdir: Path) -> list[SizeOutcome]:  # fmt: skip
+    outcomes = []
+    for prompt_ids in PROMPT_SIZES:
+        port = free_port()
+        engine = start_engine(port, engine_core, logdir, prompt_ids)
+        try:
+            for name in (t for t in targets if t in SIZE_TARGETS):
+                outcomes.append(
+                    run_size_target(name, prompt_ids, f"http://127.0.0.1:{port}", proxy_core, install, logdir)
+                )
+        finally:
+            peers.stop(engine)
+    return outcomes
+
+
+def size_table(outcomes: list[SizeOutcome]) -> Table:
+    table = Table(
+        title="Real turn sizes: agents asking for ids and logprobs, non-streamed, history growing per turn"
+    )
+    for col in ("prompt ids", "history KB", "agents", "target", "req/s", "vs direct", "p50 ms", "p99 ms",
+                "added p50 ms", "added p99 ms", "CPU ms/req", "CPU vs openenv", "failed", "note"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("target", "note") else "right")
+    find = {(o.prompt_ids, o.name): o for o in outcomes}
+    for o in outcomes:
+        if not o.levels:
+            table.add_row(str(o.prompt_ids), "", "-", o.name, *[""] * 9, o.note[:160] or "no result")
+            continue
+        for lv in o.levels:
+            d = _level(find.get((o.prompt_ids, "direct")), lv.agents)
+            peer = _level(find.get((o.prompt_ids, "openenv")), lv.agents)
+            rate = lv.requests / lv.wall_s
+            added = o.name != "direct" and d is not None
+            table.add_row(
+                str(o.prompt_ids), str(PROMPT_SIZES[o.prompt_ids]), str(lv.agents), o.name, f"{rate:.0f}",
+                f"{rate / (d.requests / d.wall_s):.2f}x" if d else "",
+                f"{pct(lv.latencies, 0.5):.2f}", f"{pct(lv.latencies, 0.99):.2f}",
+                f"{pct(lv.latencies, 0.5) - pct(d.latencies, 0.5):+.2f}" if added else "",
+                f"{pct(lv.latencies, 0.99) - pct(d.latencies, 0.99):+.2f}" if added else "",
+                f"{lv.cpu_ms:.2f}" if lv.cpu_ms is not None else "-",
+                f"{lv.cpu_ms / peer.cpu_ms:.2f}x" if lv.cpu_ms and peer and peer.cpu_ms else "",
+                str(lv.failed), lv.first_failure[:80] if lv.failed else "",
+            )  # fmt: skip
+    return table
+
+
+def _level(outcome: SizeOutcome | None, agents: int) -> Level | None:
+    lv = next((x for x in outcome.levels if x.agents == agents), None) if outcome else None
+    return lv if lv is not None and lv.requests else None
+
+
+def store_table(outcomes: list[SizeOutcome]) -> Table:
+    table = Table(title="Our proxy's store after the turn-size runs (SQLite file, WAL checkpointed)")
+    for col in ("prompt ids", "turns", "M tokens", "MB", "bytes/token", "request MB", "response MB",
+                "arrays MB", "metadata MB"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for o in outcomes:
+        st = o.store
+        if not st or not st["turns"]:
+            continue
+        table.add_row(
+            str(o.prompt_ids), str(st["turns"]), f"{st['tokens'] / 1e6:.2f}", f"{st['bytes'] / 1e6:.1f}",
+            f"{st['bytes'] / st['tokens']:.2f}", f"{st['request'] / 1e6:.2f}", f"{st['response'] / 1e6:.2f}",
+            f"{st['arrays'] / 1e6:.2f}", f"{st['metadata'] / 1e6:.2f}",
+        )  # fmt: skip
+    return table
+
+
+def size_verdict(outcomes: list[SizeOutcome]) -> list[str]:
+    """The turn-size targets: CPU at most a third of OpenEnv's at both sizes; at 512 ids and 64 agents
+    at least 0.9 of direct's req/s; at 16k ids and one agent at most 10 ms added p99; at most 1.5 bytes
+    per token in the store at 16k ids."""
+    find = {(o.prompt_ids, o.name): o for o in outcomes}
+    lines = []
+    for prompt_ids in PROMPT_SIZES:
+        ours, peer = find.get((prompt_ids, "harbor-rl")), find.get((prompt_ids, "openenv"))
+        if not ours or not ours.levels:
+            lines.append(f"{prompt_ids} ids: harbor-rl not measured")
+            continue
+        if peer and peer.levels:
+            ratios = [
+                a.cpu_ms / b.cpu_ms
+                for a in ours.levels
+                if (b := _level(peer, a.agents)) and a.cpu_ms and b.cpu_ms
+            ]
+            worst = max(ratios) if ratios else float("nan")
+            lines.append(f"{prompt_ids} ids: CPU/req vs OpenEnv at most {worst:.2f}x (target <= 0.33): "
+                         f"{'yes' if worst <= 1 / 3 else 'NO'}")  # fmt: skip
+        direct = find.get((prompt_ids, "direct"))
+        if prompt_ids == 512 and (a := _level(ours, 64)) and (d := _level(direct, 64)):
+            ratio = (a.requests / a.wall_s) / (d.requests / d.wall_s)
+            lines.append(f"512 ids, 64 agents: {ratio:.2f}x direct's req/s (target >= 0.90): "
+                         f"{'yes' if ratio >= 0.9 else 'NO'}")  # fmt: skip
+        if prompt_ids == 16_384 and (a := _level(ours, 1)) and (d := _level(direct, 1)):
+            added = pct(a.latencies, 0.99) - pct(d.latencies, 0.99)
+            lines.append(f"16384 ids, 1 agent: added p99 {added:+.2f} ms (target <= 10): "
+                         f"{'yes' if added <= 10 else 'NO'}")  # fmt: skip
+        if prompt_ids == 16_384 and ours.store.get("turns"):
+            per_token = ours.store["bytes"] / ours.store["tokens"]
+            lines.append(f"16384 ids: store {per_token:.2f} bytes/token (target <= 1.5): "
+                         f"{'yes' if per_token <= 1.5 else 'NO'}")  # fmt: skip
+    return lines
+
+
 # -- the report -----------------------------------------------------------------------------------
 
 
@@ -508,6 +747,9 @@ def main() -> None:
     )
     parser.add_argument("--agents", type=int, nargs="+", help="concurrency levels (default 1 16 64)")
     parser.add_argument(
+        "--prompt-sizes-only", action="store_true", help="only the 512 / 16,384 prompt-id runs"
+    )
+    parser.add_argument(
         "--serve-harbor", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -522,6 +764,19 @@ def main() -> None:
         os.sched_setaffinity(0, {engine_core})  # the load generator shares the engine's core
     long_turns = args.long_turns or LONG_SESSION_TURNS
     logdir = Path(tempfile.mkdtemp(prefix="harbor-bench-peers-"))
+    pinning = (
+        f"proxies pinned to core {proxy_core}, engine and agents to core {engine_core}"
+        if proxy_core is not None
+        else "nothing pinned (one core)"
+    )
+    sizes = run_sizes(args.targets, proxy_core, engine_core, not args.no_install, logdir)
+    console.print(size_table(sizes))
+    console.print(store_table(sizes))
+    for line in size_verdict(sizes):
+        console.print(line)
+    if args.prompt_sizes_only:
+        console.print(f"{pinning}; logs in {logdir}")
+        return
     engine_port = free_port()
     engine = start_engine(engine_port, engine_core, logdir)
     try:
@@ -539,11 +794,6 @@ def main() -> None:
     per, summary = long_tables(outcomes, long_turns)
     console.print(summary)
     console.print(per)
-    pinning = (
-        f"proxies pinned to core {proxy_core}, engine and agents to core {engine_core}"
-        if proxy_core is not None
-        else "nothing pinned (one core)"
-    )
     console.print(f"{pinning}; logs in {logdir}")
     for line in verdict(outcomes):
         console.print(line)

@@ -9,6 +9,11 @@ as TrainingTurn objects.
 
     python bench/store_ingest.py [--quick] [--sessions N] [--turns T]
 
+Then one 50-turn rollout whose history grows every turn, shaped as the proxy records it (the agent
+asked for token ids and logprobs, so the reply carries the prompt ids and a logprob entry per token):
+the bytes each turn's row takes, per tenth of the rollout, against the same turn stored in full. A
+turn costs what is new in it when the last tenth's rows are no bigger than the first's.
+
 PostgreSQL runs when HARBOR_TEST_POSTGRES_URL is set, in a scratch schema dropped afterwards.
 """
 
@@ -198,6 +203,107 @@ def bench_postgres(work: Workload, base_url: str) -> Result:
     return Result("PostgreSQL", write_s, read_s, nbytes, arrays)
 
 
+ROLLOUT_TURNS = 50
+
+
+def vllm_reply(prompt: list[int], completion: list[int], logps: list[float], text: str) -> dict:
+    """A vLLM chat completion as the proxy relays it to an agent that asked for ids and logprobs."""
+    content = [
+        {"token": f"token_id:{t}", "logprob": lp, "bytes": list(f"token_id:{t}".encode()), "top_logprobs": []}
+        for t, lp in zip(completion, logps, strict=True)
+    ]
+    choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
+              "logprobs": {"content": content}, "finish_reason": "stop", "token_ids": completion}  # fmt: skip
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "policy", "choices": [choice],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion)},
+            "prompt_token_ids": prompt}  # fmt: skip
+
+
+def growing_rollout(n_turns: int, seed: int = 1) -> list[TrainingTurn]:
+    """One agent's rollout: every turn resends the history, which grows by the reply and a tool output."""
+    rng = np.random.default_rng(seed)
+    context = rng.integers(0, VOCAB, 1500).tolist()
+    messages = [{"role": "system", "content": _text(rng, 1000)}, {"role": "user", "content": _text(rng, 500)}]
+    turns = []
+    for k in range(n_turns):
+        completion = rng.integers(0, VOCAB, 120).tolist()
+        logps = (-rng.exponential(0.5, len(completion))).tolist()
+        answer = _text(rng, len(completion))
+        turns.append(
+            TrainingTurn(
+                node_id=f"t{k}",
+                prompt_token_ids=list(context),
+                completion_token_ids=completion,
+                per_token_logps=logps,
+                loss_mask=[0] * len(context) + [1] * len(completion),
+                request={
+                    "model": "policy",
+                    "messages": list(messages),
+                    "logprobs": True,
+                    "return_token_ids": True,
+                },
+                response=vllm_reply(list(context), completion, logps, answer),
+                metadata=TurnMetadata(
+                    policy_version=3, finish_reason="stop", latency_s=0.8, created_at=time.time()
+                ),
+            )  # fmt: skip
+        )
+        tool_output = rng.integers(0, VOCAB, 300).tolist()
+        context += completion + tool_output
+        messages += [{"role": "assistant", "content": answer}, {"role": "tool", "content": _text(rng, 300)}]
+    return turns
+
+
+def _full_bytes(turn: TrainingTurn) -> int:
+    """The turn stored in full: its request and response JSON and its prompt ids without a shared prefix."""
+    return (
+        len(orjson.dumps(turn.request)) + len(orjson.dumps(turn.response)) + len(orjson.dumps(turn.metadata.model_dump()))
+        + 4 * len(turn.prompt_token_ids) + 12 * len(turn.completion_token_ids)
+        + (len(turn.loss_mask) + 7) // 8
+    )  # fmt: skip
+
+
+def bench_rollout(folder: Path, n_turns: int = ROLLOUT_TURNS) -> tuple[Table, str]:
+    turns = growing_rollout(n_turns)
+    store = TraceStore(f"sqlite:///{folder / 'rollout.db'}")
+    store.create_session(_session(0))
+    for seq, turn in enumerate(turns):
+        store.add_turn("s0", seq, turn)
+    row = sum(
+        func.length(c)
+        for c in (TurnRow.prompt_ids, TurnRow.completion_ids, TurnRow.logps, TurnRow.loss_mask,
+                  TurnRow.request, TurnRow.response, TurnRow.meta)
+    )  # fmt: skip
+    with store._engine.connect() as conn:
+        sizes = [int(n) for n in conn.execute(select(row).order_by(TurnRow.seq)).scalars()]
+    back = store.get_turns("s0")
+    store.close()
+    assert [t.model_dump() for t in back] == [t.model_dump() for t in turns], (
+        "the rollout did not read back as written"
+    )
+    full = [_full_bytes(t) for t in turns]
+    tenth = n_turns // 10
+    table = Table(
+        title=f"One {n_turns}-turn rollout with a growing history: bytes stored per turn, per tenth"
+    )
+    for column in ("tenth", "history KB", "prompt ids", "stored B/turn", "in full B/turn"):
+        table.add_column(column, justify="right")
+    for i in range(10):
+        part = slice(i * tenth, (i + 1) * tenth)
+        last = turns[part][-1]
+        table.add_row(
+            str(i + 1), f"{len(orjson.dumps(last.request['messages'])) / 1024:.0f}", str(len(last.prompt_token_ids)),
+            f"{sum(sizes[part]) / tenth:,.0f}", f"{sum(full[part]) / tenth:,.0f}",
+        )  # fmt: skip
+    first, last = sum(sizes[:tenth]), sum(sizes[-tenth:])
+    verdict = (
+        f"{n_turns}-turn rollout, last tenth / first tenth of the bytes per turn: stored {last / first:.2f} "
+        f"(target <= 1.20: {'yes' if last / first <= 1.2 else 'NO'}), in full "
+        f"{sum(full[-tenth:]) / sum(full[:tenth]):.2f}; every turn read back identical"
+    )
+    return table, verdict
+
+
 def render(work: Workload, results: list[Result]) -> Table:
     base = results[0]
     table = Table(
@@ -250,11 +356,15 @@ def main() -> None:
             results.append(bench_jsonl(work, folder))
         with console.status("SQLite"):
             results.append(bench_sqlite(work, folder))
+        with console.status("a growing rollout"):
+            rollout, rollout_verdict = bench_rollout(folder)
     pg_url = os.environ.get("HARBOR_TEST_POSTGRES_URL")
     if pg_url:
         with console.status("PostgreSQL"):
             results.append(bench_postgres(work, pg_url))
     console.print(render(work, results))
+    console.print(rollout)
+    console.print(rollout_verdict)
     if not pg_url:
         console.print("PostgreSQL skipped: set HARBOR_TEST_POSTGRES_URL to include it.")
     console.print(

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capture_proxy.config import ProxyConfig
 from capture_proxy.errors import (
@@ -57,31 +58,58 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
+async def sampling_call(
+    service: CaptureService, request: Request, endpoint: Literal["chat", "completions"]
+) -> Response:
+    """One agent sampling call: its body read (within the size limit) and handed to the service."""
+    try:
+        raw = await read_body(request, service.config.max_body_bytes)
+    except ClientDisconnect:
+        service.metrics.error("client_disconnect")
+        return Response(status_code=400)  # nobody is left to read it
+    except ProxyRequestError as exc:
+        service.metrics.error("bad_request")
+        service.metrics.request(endpoint, exc.status)
+        return error_response(exc)
+    auth = request.headers.get("authorization")
+    if endpoint == "chat":
+        return await service.chat_completions(auth, raw)
+    return await service.completions(auth, raw)
+
+
+_SAMPLING_PATHS: dict[str, Literal["chat", "completions"]] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+
+
+class SamplingFastPath:
+    """ASGI middleware that answers `POST` on the two sampling routes itself, the same way their
+    routes do: FastAPI's routing and inner middleware cost more per call than a short call's own
+    forwarding. Every other request goes on to the app."""
+
+    def __init__(self, app: ASGIApp, service: CaptureService):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = _SAMPLING_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        response = await sampling_call(self.service, Request(scope, receive), endpoint)
+        await response(scope, receive, send)
+
+
 def agent_router(service: CaptureService) -> APIRouter:
     """The OpenAI-compatible routes agents call, authenticated by their session key."""
     router = APIRouter()
-    limit = service.config.max_body_bytes
-
-    async def _sampling(request: Request, endpoint: Literal["chat", "completions"]) -> Response:
-        try:
-            raw = await read_body(request, limit)
-        except ClientDisconnect:
-            service.metrics.error("client_disconnect")
-            return Response(status_code=400)  # nobody is left to read it
-        except ProxyRequestError as exc:
-            service.metrics.error("bad_request")
-            service.metrics.request(endpoint, exc.status)
-            return error_response(exc)
-        auth = request.headers.get("authorization")
-        if endpoint == "chat":
-            return await service.chat_completions(auth, raw)
-        return await service.completions(auth, raw)
 
     async def chat_completions(request: Request) -> Response:
-        return await _sampling(request, "chat")
+        return await sampling_call(service, request, "chat")
 
     async def completions(request: Request) -> Response:
-        return await _sampling(request, "completions")
+        return await sampling_call(service, request, "completions")
 
     async def models(request: Request) -> Response:
         return await service.models(request.headers.get("authorization"))
@@ -201,6 +229,7 @@ def create_app(config: ProxyConfig, store: TraceStore, *, close_store: bool = Fa
     app.state.service = service
     app.include_router(agent_router(service))
     app.include_router(admin_router(service, config.admin_key))
+    app.add_middleware(SamplingFastPath, service=service)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:

@@ -1,5 +1,8 @@
 """Non-streamed agent calls: the engine's whole reply read and captured, its turn recorded, and the
-reply passed back with only the engine-only fields the agent asked for."""
+reply passed back with only the engine-only fields the agent asked for.
+
+The reply is parsed once (orjson) and only its capture fields are looked at; when the agent asked for
+everything the engine sent (ids and logprobs), its bytes go back as they came, not re-serialised."""
 
 from __future__ import annotations
 
@@ -40,7 +43,6 @@ class Forwarder:
             raise await self._recorder.transport_failure(
                 call, ValueError(f"engine sent an unreadable reply: {exc!r}"), policy_version
             ) from exc
-        strip_for_agent(data, call.wants)
-        out = orjson.dumps(data)
+        out = orjson.dumps(data) if strip_for_agent(data, call.wants) else resp.content
         await self._recorder.record(call, data, capture, policy_version)
         return Response(out, media_type=JSON)

@@ -15,7 +15,7 @@ from capture_proxy.config import ProxyConfig
 from capture_proxy.errors import CaptureError, ProxyRequestError, StoreError, upstream_error
 from capture_proxy.metrics import ProxyMetrics
 from capture_proxy.models import TrainingTurn, TurnMetadata
-from capture_proxy.store import AsyncTurnWriter, TraceStore
+from capture_proxy.store import AsyncTurnWriter, TraceStore, codec
 from capture_proxy.upstream import Capture
 
 log = logging.getLogger(__name__)
@@ -63,11 +63,10 @@ class TurnRecorder:
     def _turn(
         self, call: ModelCall, response: dict, cap: Capture, policy_version: int | None, latency: float
     ) -> TrainingTurn:
-        n_prompt, n_completion = len(cap.prompt_ids), len(cap.completion_ids)
         # A train turn keeps its completion marked trainable even when the capture failed, so the
         # validator refuses the trace instead of it silently training on nothing.
         trainable = cap.status == "ok" or call.live.purpose == "train"
-        mask = [0] * n_prompt + [1 if trainable else 0] * n_completion
+        mask = codec.prefix_mask(len(cap.prompt_ids), len(cap.completion_ids), trainable)
         metadata = TurnMetadata.model_construct(
             endpoint=call.endpoint,
             sampling=call.sampling,

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from capture_proxy.upstream import Capture, Endpoint, Wants, check_tokens
+from capture_proxy.upstream import Capture, Endpoint, Wants, check_tokens, token_ids
 
 DONE = b"[DONE]"
 
@@ -100,20 +100,23 @@ class StreamAssembler:
                 out.append(orjson.dumps(chunk))
                 break
             try:
-                self._absorb(chunk)
+                changed = self._absorb(chunk)
             except (KeyError, IndexError, TypeError, AttributeError) as exc:
                 # Valid JSON of the wrong shape: the same transport failure as unparsable bytes.
                 raise ValueError(
                     f"engine sent a malformed stream event ({exc!r}): {payload[:200]!r}"
                 ) from exc
-            out.append(orjson.dumps(chunk))
+            # An event the agent gets as the engine sent it is relayed as its own bytes (one line).
+            out.append(orjson.dumps(chunk) if changed or b"\n" in payload else payload)
         if not out:
             return b""
         return b"data: " + b"\n\ndata: ".join(out) + b"\n\n"
 
-    def _absorb(self, chunk: dict) -> None:
+    def _absorb(self, chunk: dict) -> bool:
+        """Take in one chunk, stripping it for the agent in place; whether anything was stripped."""
         # Runs once per token: dict lookups kept to what each chunk needs.
         self.chunks += 1
+        changed = False
         if not self.head:
             self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
         keep_ids = self.wants.token_ids
@@ -123,6 +126,7 @@ class StreamAssembler:
             self.usage = usage
         if "prompt_token_ids" in chunk:
             ids = chunk["prompt_token_ids"] if keep_ids else chunk.pop("prompt_token_ids")
+            changed |= not keep_ids
             if ids is not None:
                 self.prompt_ids = ids
         for choice in chunk.get("choices") or ():
@@ -130,9 +134,14 @@ class StreamAssembler:
                 continue
             if "prompt_token_ids" in choice:
                 ids = choice["prompt_token_ids"] if keep_ids else choice.pop("prompt_token_ids")
+                changed |= not keep_ids
                 if ids is not None:
                     self.prompt_ids = ids
-            ids = choice.get("token_ids") if keep_ids else choice.pop("token_ids", None)
+            if keep_ids:
+                ids = choice.get("token_ids")
+            else:
+                changed |= "token_ids" in choice
+                ids = choice.pop("token_ids", None)
             if ids is not None:
                 self.completion_ids += ids
                 self.saw_token_ids = True
@@ -148,6 +157,7 @@ class StreamAssembler:
                     self._absorb_completion_logprobs(lp)
                 if not self.wants.logprobs:
                     choice["logprobs"] = None
+                    changed = True
             finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = finish
@@ -163,6 +173,7 @@ class StreamAssembler:
                 text = choice.get("text")
                 if text:
                     self.text.append(text)
+        return changed
 
     def _absorb_completion_logprobs(self, lp: dict) -> None:
         if lp.get("token_logprobs") is not None:
@@ -191,6 +202,7 @@ class StreamAssembler:
     def capture(self) -> Capture:
         if self._capture is not None:
             return self._capture
+        self.prompt_ids = token_ids(self.prompt_ids, "prompt_token_ids")  # checked, packed once
         status, error = check_tokens(
             self.prompt_ids,
             self.completion_ids if self.saw_token_ids else None,

@@ -7,9 +7,11 @@ request once on the way in and each response once on the way out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Literal
 
 from capture_proxy.errors import ProxyRequestError
+from capture_proxy.store.codec import PackedIds, checked_ids
 
 Endpoint = Literal["chat", "completions"]
 
@@ -261,12 +263,24 @@ def check_tokens(
 _NUMBER_TYPES = {int, float, type(None)}
 
 
+def token_ids(ids: Any, name: str) -> list[int] | None:
+    """The engine's ids checked as a list of ints (TypeError otherwise), carrying their stored int32
+    encoding (codec.PackedIds): packing them is the check, done once per reply."""
+    if ids is None or type(ids) is PackedIds:
+        return ids
+    if type(ids) is not list:
+        raise TypeError(f"engine sent {name} that are not a list of integers: {str(ids)[:200]}")
+    try:
+        return checked_ids(ids)
+    except TypeError:
+        raise TypeError(f"engine sent {name} that are not a list of integers: {str(ids)[:200]}") from None
+
+
 def _require_types(prompt_ids: Any, completion_ids: Any, logps: Any) -> None:
     """The engine's ids are lists of ints and its logprobs numbers (or null): anything else cannot be
     stored or trained on, so the reply is malformed. One set of types per list keeps this cheap."""
-    for name, ids in (("prompt_token_ids", prompt_ids), ("token_ids", completion_ids)):
-        if ids is not None and (type(ids) is not list or not {*map(type, ids)} <= {int}):
-            raise TypeError(f"engine sent {name} that are not a list of integers: {str(ids)[:200]}")
+    token_ids(prompt_ids, "prompt_token_ids")
+    token_ids(completion_ids, "token_ids")
     if logps is not None and not {*map(type, logps)} <= _NUMBER_TYPES:
         raise TypeError(f"engine sent logprobs that are not numbers: {str(logps)[:200]}")
 
@@ -278,17 +292,30 @@ def _first_choice(resp: dict) -> dict:
     return choices[0]
 
 
+_TOKEN = itemgetter("token")
+_LOGPROB = itemgetter("logprob")
+
+
+def _checked_in_place(obj: dict, key: str) -> list[int] | None:
+    """obj[key] as checked token ids, put back in its place: the store then knows the reply's ids are
+    the capture's own (compact.py), and packs them once."""
+    ids = token_ids(obj.get(key), key)
+    if ids is not None:
+        obj[key] = ids
+    return ids
+
+
 def capture_chat(resp: dict) -> Capture:
     """Tokens and logprobs of a non-streamed chat completion (vLLM: top-level prompt ids, per-choice ids)."""
     choice = _first_choice(resp)
-    prompt = resp.get("prompt_token_ids")
-    comp = choice.get("token_ids")
+    prompt = _checked_in_place(resp, "prompt_token_ids")
+    comp = _checked_in_place(choice, "token_ids")
     lp = choice.get("logprobs")
     content = lp.get("content") if isinstance(lp, dict) else None
     tokens = logps = None
     if content is not None:
-        tokens = [c["token"] for c in content]
-        logps = [c["logprob"] for c in content]
+        tokens = list(map(_TOKEN, content))
+        logps = list(map(_LOGPROB, content))
     status, error = check_tokens(prompt, comp, tokens, logps)
     return Capture(prompt or [], comp or [], logps or [], status, error, choice.get("finish_reason"))
 
@@ -296,8 +323,8 @@ def capture_chat(resp: dict) -> Capture:
 def capture_completion(resp: dict) -> Capture:
     """Tokens and logprobs of a non-streamed text completion (vLLM: prompt ids per choice)."""
     choice = _first_choice(resp)
-    prompt = choice.get("prompt_token_ids")
-    comp = choice.get("token_ids")
+    prompt = _checked_in_place(choice, "prompt_token_ids")
+    comp = _checked_in_place(choice, "token_ids")
     lp = choice.get("logprobs")
     tokens = lp.get("tokens") if isinstance(lp, dict) else None
     logps = lp.get("token_logprobs") if isinstance(lp, dict) else None
@@ -305,13 +332,20 @@ def capture_completion(resp: dict) -> Capture:
     return Capture(prompt or [], comp or [], logps or [], status, error, choice.get("finish_reason"))
 
 
-def strip_for_agent(resp: dict, wants: Wants) -> None:
-    """Remove, in place, the engine-only fields the proxy asked for and the agent did not."""
-    if not wants.token_ids:
-        resp.pop("prompt_token_ids", None)
+def strip_for_agent(resp: dict, wants: Wants) -> bool:
+    """Remove, in place, the engine-only fields the proxy asked for and the agent did not; whether
+    anything changed (when nothing did, the engine's own bytes can be relayed as they came)."""
+    changed = False
+    if not wants.token_ids and "prompt_token_ids" in resp:
+        del resp["prompt_token_ids"]
+        changed = True
     for choice in resp.get("choices") or ():
         if not wants.token_ids:
-            choice.pop("token_ids", None)
-            choice.pop("prompt_token_ids", None)
-        if not wants.logprobs and "logprobs" in choice:
+            for key in ("token_ids", "prompt_token_ids"):
+                if key in choice:
+                    del choice[key]
+                    changed = True
+        if not wants.logprobs and choice.get("logprobs") is not None:
             choice["logprobs"] = None
+            changed = True
+    return changed

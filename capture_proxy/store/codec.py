@@ -6,7 +6,9 @@ and the loss mask is packed eight tokens to a byte. A turn of P prompt and C com
 only the prompt's new tokens, the rest being shared with the session's previous turn (prefix.py).
 
 Encoding goes through `struct` (several times faster than numpy for Python lists, which is what a
-TrainingTurn holds); decoding through numpy.
+TrainingTurn holds); decoding through numpy. The capture proxy checks an engine's ids by packing them
+(`checked_ids`) and hands the store lists that carry their packed form (`PackedIds`, `PackedMask`),
+so a 16k-token prompt is packed once per call, not once to check it and again to store it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,54 @@ _IDS = np.dtype("<i4")
 _LOGPS = np.dtype("<f8")
 
 
+class PackedIds(list):
+    """Token ids known to be ints (no bools) that fit int32, with their stored encoding. Built once by
+    `checked_ids` and never changed afterwards (the encoding would go stale)."""
+
+    __slots__ = ("int32",)
+    int32: bytes
+
+
+class PackedMask(list):
+    """A loss mask with its packed form (built by `prefix_mask`)."""
+
+    __slots__ = ("packed",)
+    packed: bytes
+
+
+def checked_ids(ids: list) -> list[int]:
+    """`ids` as PackedIds when every value is an int (bools rejected) that fits int32; as the plain list
+    when they are ints but some do not fit (the store then refuses the turn, naming the id).
+
+    Raises TypeError when a value is not an int. `struct` does the type check in C while packing;
+    only the positions holding 0 or 1 (which True and False pack to) are then looked at one by one.
+    """
+    try:
+        packed = struct.pack(f"<{len(ids)}i", *ids)
+    except struct.error:
+        if not {*map(type, ids)} <= {int}:
+            raise TypeError("not a list of integers") from None
+        return ids  # ints out of int32's range
+    small = np.flatnonzero(np.frombuffer(packed, dtype=_IDS).view(np.uint32) <= 1)
+    if small.size and any(type(ids[i]) is not int for i in small.tolist()):
+        raise TypeError("booleans among the token ids")
+    out = PackedIds(ids)
+    out.int32 = packed
+    return out
+
+
+def prefix_mask(n_prompt: int, n_completion: int, trainable: bool) -> list[int]:
+    """A turn's loss mask: 0 over the prompt, `trainable` over the completion; packed here at once."""
+    mask = PackedMask([0] * n_prompt + [int(trainable)] * n_completion)
+    bits = np.zeros(n_prompt + n_completion, dtype=np.uint8)
+    bits[n_prompt:] = int(trainable)
+    mask.packed = np.packbits(bits, bitorder="little").tobytes()
+    return mask
+
+
 def encode_ids(ids: Sequence[int]) -> bytes:
+    if type(ids) is PackedIds:
+        return ids.int32
     try:
         return struct.pack(f"<{len(ids)}i", *ids)
     except struct.error as exc:
@@ -49,6 +98,8 @@ def _mask_error(mask: Sequence[int]) -> StoreError:
 
 
 def encode_mask(mask: Sequence[int]) -> bytes:
+    if type(mask) is PackedMask:
+        return mask.packed
     try:
         bits = np.frombuffer(bytes(mask), dtype=np.uint8)  # bytes() rejects values outside 0..255
     except ValueError:

@@ -6,7 +6,11 @@ So a turn's prompt is stored as (base seq, shared length, suffix): the first `sh
 base turn's prompt + completion, then the suffix. The base is an earlier turn of the same session
 (a foreign key keeps it there), so a session's turns read in seq order rebuild every prompt exactly.
 
-The writer remembers the last turn it committed per session (as int32 bytes, with a memory budget).
+The same base turn serves the request's messages (compact.py): the turn stores only the messages
+after those it shares with the base turn's.
+
+The writer remembers the last turn it committed per session (its tokens as int32 bytes and its
+messages as JSON text, with a memory budget).
 A session it does not remember (another process wrote it, or it was evicted) simply gets a full
 prompt, which later turns then share from.
 """
@@ -27,6 +31,12 @@ class Base:
     seq: int
     tokens: bytes
     """The base turn's prompt + completion ids, int32 little-endian."""
+    messages: tuple[bytes, ...] = ()
+    """The base turn's request messages, each as JSON text (compact.message_parts)."""
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.tokens) + sum(map(len, self.messages))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +93,7 @@ class BaseCache:
 
     def put(self, session_id: str, base: Base) -> None:
         """Remember `base` unless a later turn of the session is remembered already."""
-        if len(base.tokens) > self._max_bytes:
+        if base.nbytes > self._max_bytes:
             self.drop(session_id)
             return
         with self._lock:
@@ -91,15 +101,15 @@ class BaseCache:
             if old is not None and old.seq > base.seq:
                 base = old
             if old is not None:
-                self._bytes -= len(old.tokens)
+                self._bytes -= old.nbytes
             self._entries[session_id] = base
-            self._bytes += len(base.tokens)
+            self._bytes += base.nbytes
             while self._bytes > self._max_bytes:
                 _, evicted = self._entries.popitem(last=False)
-                self._bytes -= len(evicted.tokens)
+                self._bytes -= evicted.nbytes
 
     def drop(self, session_id: str) -> None:
         with self._lock:
             old = self._entries.pop(session_id, None)
             if old is not None:
-                self._bytes -= len(old.tokens)
+                self._bytes -= old.nbytes

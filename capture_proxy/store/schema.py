@@ -22,6 +22,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -87,7 +88,9 @@ class TurnRow(Base):
     """Order of the call within its session; (session_id, seq) is the primary key, hence unique."""
     node_id: Mapped[str] = mapped_column(Text)
     prompt_base_seq: Mapped[int | None] = mapped_column(Integer)
-    """The earlier turn of this session whose prompt + completion this prompt starts with (prefix.py)."""
+    """The earlier turn of this session this one is stored against (prefix.py): its prompt starts with
+    `prompt_shared_len` tokens of that turn's prompt + completion, its request with `request_shared`
+    of that turn's messages."""
     prompt_shared_len: Mapped[int] = mapped_column(Integer)
     """How many leading prompt tokens come from that turn; 0 without one."""
     prompt_ids: Mapped[bytes] = mapped_column(LargeBinary)
@@ -98,6 +101,11 @@ class TurnRow(Base):
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    request_shared: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """How many leading request messages come from the base turn's request (compact.py); `request`
+    holds the rest. 0 for rows written before revision 0004."""
+    response_elided: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """Which response fields are stored as null and rebuilt from the arrays (compact.Elided flags)."""
 
     __table_args__ = (
         # A prompt's base turn exists in the same session, and goes when it goes.

@@ -16,7 +16,7 @@ from sqlalchemy.pool import StaticPool
 
 from capture_proxy.errors import InvalidSessionUpdate, SessionNotFound, StoreError, TurnExists
 from capture_proxy.models import SessionStatus, TrainingTurn, TurnMetadata
-from capture_proxy.store import codec, prefix
+from capture_proxy.store import codec, compact, prefix
 from capture_proxy.store.engine import WRITE_OPTION, create_store_engine, default_store_url, redact
 from capture_proxy.store.engine import _json_dumps as to_json
 from capture_proxy.store.migrate import upgrade_to_head
@@ -73,8 +73,8 @@ def _row_values(record: SessionRecord) -> dict[str, Any]:
 def _turn_values(
     session_id: str, seq: int, turn: TrainingTurn, base: prefix.Base | None
 ) -> tuple[dict[str, Any], prefix.Base]:
-    """The row for a turn (columns by name, JSON serialised), its prompt stored against `base`; and
-    the turn as a base for the next."""
+    """The row for a turn (columns by name, JSON serialised), stored against `base` (its prompt ids and
+    its messages, where they share any); and the turn as a base for the next."""
     try:
         mask = codec.encode_mask(turn.loss_mask)
         prompt = codec.encode_ids(turn.prompt_token_ids)
@@ -82,55 +82,74 @@ def _turn_values(
     except StoreError as exc:
         raise StoreError(f"turn {seq} of session {session_id!r}: {exc}") from exc
     shared = prefix.delta(prompt, seq, base)
+    parts = compact.message_parts(turn.request)
+    n_messages = compact.shared_messages(parts, base.messages) if base is not None and base.seq < seq else 0
+    base_seq = shared.base_seq if shared.base_seq is not None or not n_messages else base.seq  # type: ignore[union-attr]
+    response, elided = compact.elide_response(
+        turn.response, turn.prompt_token_ids, turn.completion_token_ids, turn.per_token_logps
+    )
     values = {
         "session_id": session_id,
         "seq": seq,
         "node_id": turn.node_id,
-        "prompt_base_seq": shared.base_seq,
+        "prompt_base_seq": base_seq,
         "prompt_shared_len": shared.shared,
         "prompt_ids": shared.suffix,
         "completion_ids": completion,
         "logps": codec.encode_logps(turn.per_token_logps),
         "loss_mask": mask,
-        "request": to_json(turn.request),
-        "response": to_json(turn.response),
+        "request": to_json(compact.stored_request(turn.request, n_messages)),
+        "response": to_json(response),
         "metadata": to_json(turn.metadata.model_dump()),
+        "request_shared": n_messages,
+        "response_elided": elided,
     }
-    return values, prefix.Base(seq, prompt + completion)
+    return values, prefix.Base(seq, prompt + completion, parts)
 
 
 def turns_from_rows(session_id: str, rows: Sequence[TurnRow]) -> list[TrainingTurn]:
-    """Rebuild a session's turns from its rows in seq order (each prompt's base comes earlier)."""
+    """Rebuild a session's turns from its rows in seq order (each turn's base comes earlier)."""
     needed = {row.prompt_base_seq for row in rows if row.prompt_base_seq is not None}
-    tokens: dict[int, bytes] = {}  # prompt + completion of turns that later prompts share from
+    messages_needed = {row.prompt_base_seq for row in rows if row.request_shared}
+    bases: dict[int, prefix.Base] = {}  # turns that later turns are stored against
     turns = []
     for row in rows:
         base = None
         if row.prompt_base_seq is not None:
-            base = tokens.get(row.prompt_base_seq)
+            base = bases.get(row.prompt_base_seq)
             if base is None:
                 raise StoreError(
-                    f"turn {row.seq} of session {session_id!r} shares its prompt with turn "
+                    f"turn {row.seq} of session {session_id!r} is stored against turn "
                     f"{row.prompt_base_seq}, which is not an earlier turn of the session"
                 )
-        prompt = prefix.rebuild(row.prompt_ids, base, row.prompt_shared_len)
+        prompt = prefix.rebuild(row.prompt_ids, base.tokens if base else None, row.prompt_shared_len)
+        request = row.request
+        parts: tuple[bytes, ...] = ()
+        if row.request_shared:
+            try:
+                parts = compact.rebuild_messages(request, row.request_shared, base.messages if base else ())
+            except ValueError as exc:
+                raise StoreError(f"turn {row.seq} of session {session_id!r}: {exc}") from exc
+        elif row.seq in messages_needed:
+            parts = compact.message_parts(request)
         if row.seq in needed:
-            tokens[row.seq] = prompt + row.completion_ids
-        turns.append(_turn(row, prompt))
+            bases[row.seq] = prefix.Base(row.seq, prompt + row.completion_ids, parts)
+        turns.append(_turn(row, prompt, request))
     return turns
 
 
-def _turn(row: TurnRow, prompt_ids: bytes) -> TrainingTurn:
+def _turn(row: TurnRow, prompt_ids: bytes, request: dict) -> TrainingTurn:
     prompt = codec.decode_ids(prompt_ids)
     completion = codec.decode_ids(row.completion_ids)
+    logps = codec.decode_logps(row.logps)
     return TrainingTurn(
         node_id=row.node_id,
         prompt_token_ids=prompt,
         completion_token_ids=completion,
-        per_token_logps=codec.decode_logps(row.logps),
+        per_token_logps=logps,
         loss_mask=codec.decode_mask(row.loss_mask, len(prompt) + len(completion)),
-        request=row.request,
-        response=row.response,
+        request=request,
+        response=compact.restore_response(row.response, row.response_elided, prompt, completion, logps),
         metadata=TurnMetadata.model_validate(row.meta),
     )
 

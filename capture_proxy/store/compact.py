@@ -1,0 +1,217 @@
+"""A turn's request and response stored as what is new in them, read back exactly as they were.
+
+Request: an agent resends its whole conversation on every call, so storing each request in full
+costs the square of the rollout's length. A chat request is stored as how many leading messages it
+shares with its base turn's request (the turn its prompt ids are stored against, prefix.py: the
+session's previous turn, which in a linear rollout is its parent in the graph) plus the messages
+after them. Messages are compared by their JSON text, so a shared message reads back as it was sent
+(`1`, `1.0` and `true` stay apart, as dict equality would not keep them).
+
+Response: the reply keeps what the row already holds as arrays only when the agent asked for it
+(prompt and completion ids; each logprob entry's `token_id:N` token and its logprob). Those are
+stored as null, or left out of each logprob entry, with a flag per field in `response_elided`;
+reading rebuilds them from the arrays. A field is elided only when rebuilding it gives it back as it
+was (same values, same key order), so any other shape is stored as sent.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from enum import IntFlag
+from operator import itemgetter
+from typing import Any
+
+import orjson
+
+from capture_proxy.store.codec import PackedIds
+
+_TOKEN_ID = "token_id:"
+
+
+class Elided(IntFlag):
+    PROMPT_IDS = 1
+    """The top-level `prompt_token_ids` (chat)."""
+    COMPLETION_IDS = 2
+    """choices[0].token_ids"""
+    CHAT_LOGPROBS = 4
+    """Each choices[0].logprobs.content entry's leading `token` (`token_id:N`) and `logprob`."""
+    TEXT_LOGPROBS = 8
+    """choices[0].logprobs.token_logprobs (completions)."""
+    TEXT_TOKENS = 16
+    """choices[0].logprobs.tokens as `token_id:N` (completions)."""
+    CHOICE_PROMPT_IDS = 32
+    """choices[0].prompt_token_ids (completions)."""
+    CHAT_BYTES = 64
+    """With CHAT_LOGPROBS: each entry's `bytes` after them, when every entry's is its token's UTF-8."""
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+
+def message_parts(request: dict) -> tuple[bytes, ...]:
+    """Each message of a chat request as JSON text (empty for a request without a message list)."""
+    messages = request.get("messages")
+    if type(messages) is not list:
+        return ()
+    return tuple(map(orjson.dumps, messages))
+
+
+def shared_messages(parts: tuple[bytes, ...], base_parts: tuple[bytes, ...]) -> int:
+    """How many leading messages two requests have in common."""
+    n = 0
+    for mine, theirs in zip(parts, base_parts, strict=False):
+        if mine != theirs:
+            break
+        n += 1
+    return n
+
+
+def stored_request(request: dict, shared: int) -> dict:
+    """The request as stored: its messages after the first `shared` (which the base turn holds)."""
+    if not shared:
+        return request
+    return {**request, "messages": request["messages"][shared:]}
+
+
+def rebuild_messages(stored: dict, shared: int, base_parts: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """Put a stored request's whole message list back in place (`shared` > 0) and return its parts.
+    Each turn read back gets objects of its own, as a request read from its own JSON did."""
+    if len(base_parts) < shared or type(stored.get("messages")) is not list:
+        raise ValueError(f"the base turn has {len(base_parts)} messages; this turn shares {shared}")
+    parts = base_parts[:shared] + message_parts(stored)
+    stored["messages"] = orjson.loads(b"[" + b",".join(parts) + b"]")
+    return parts
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+def _same_ids(value: Any, ids: list[int]) -> bool:
+    """Whether `value` reads back as `ids` does: the capture's own checked list, or equal JSON."""
+    if type(value) is PackedIds and value is ids:
+        return True
+    return type(value) is list and len(value) == len(ids) and orjson.dumps(value) == orjson.dumps(ids)
+
+
+def _same_float(value: Any, x: float) -> bool:
+    return value is x or (
+        type(value) is float and value == x and math.copysign(1.0, value) == math.copysign(1.0, x)
+    )
+
+
+_TOKEN = itemgetter("token")
+_LOGPROB = itemgetter("logprob")
+_BYTES = itemgetter("bytes")
+
+
+def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> tuple[list[dict], bool] | None:
+    """Each entry without its leading token and logprob (and `bytes`, when every entry's is its
+    token's UTF-8), or None when any entry cannot be rebuilt. Checked a column at a time, in C where
+    the checks allow (an entry per completion token)."""
+    if type(content) is not list or not content or len(content) != len(ids) or len(logps) != len(ids):
+        return None
+    if not all(type(entry) is dict for entry in content):
+        return None
+    shapes = set(map(tuple, content))  # each entry's keys, in order
+    if not all(keys[:2] == ("token", "logprob") for keys in shapes):
+        return None
+    tokens = [f"{_TOKEN_ID}{tid}" for tid in ids]
+    if list(map(_TOKEN, content)) != tokens:
+        return None
+    values = list(map(_LOGPROB, content))
+    if not all(map(operator.is_, values, logps)) and not all(map(_same_float, values, logps)):
+        return None
+    with_bytes = (
+        all(keys[2:3] == ("bytes",) for keys in shapes)
+        and content[0]["bytes"] == list(tokens[0].encode())  # a mismatch is found before building the rest
+        and list(map(_BYTES, content)) == [list(t.encode()) for t in tokens]
+    )
+    skip = 3 if with_bytes else 2
+    rest = next(iter(shapes))[skip:]
+    if len(shapes) == 1 and len(rest) == 1:  # the usual case: `top_logprobs` is all that is left
+        key = rest[0]
+        return [{key: value} for value in map(itemgetter(key), content)], with_bytes
+    return [dict(list(entry.items())[skip:]) for entry in content], with_bytes
+
+
+def elide_response(
+    response: dict, prompt: list[int], completion: list[int], logps: list[float]
+) -> tuple[dict, int]:
+    """The response as stored and its Elided flags; `response` itself is left as it is."""
+    choices = response.get("choices")
+    choice = choices[0] if type(choices) is list and choices and type(choices[0]) is dict else None
+    flags = Elided(0)
+    top: dict[str, Any] = {}
+    first: dict[str, Any] = {}
+    if "prompt_token_ids" in response and prompt and _same_ids(response["prompt_token_ids"], prompt):
+        top["prompt_token_ids"] = None
+        flags |= Elided.PROMPT_IDS
+    if choice is not None:
+        if "prompt_token_ids" in choice and prompt and _same_ids(choice["prompt_token_ids"], prompt):
+            first["prompt_token_ids"] = None
+            flags |= Elided.CHOICE_PROMPT_IDS
+        if "token_ids" in choice and completion and _same_ids(choice["token_ids"], completion):
+            first["token_ids"] = None
+            flags |= Elided.COMPLETION_IDS
+        lp = choice.get("logprobs")
+        if type(lp) is dict and completion:
+            lp_out: dict[str, Any] = {}
+            residuals = _chat_residuals(lp.get("content"), completion, logps)
+            if residuals is not None:
+                lp_out["content"] = residuals[0]
+                flags |= Elided.CHAT_LOGPROBS | (Elided.CHAT_BYTES if residuals[1] else 0)
+            text_lps = lp.get("token_logprobs")
+            if (
+                type(text_lps) is list
+                and len(text_lps) == len(logps)
+                and all(map(_same_float, text_lps, logps))
+            ):
+                lp_out["token_logprobs"] = None
+                flags |= Elided.TEXT_LOGPROBS
+            if lp.get("tokens") == [f"{_TOKEN_ID}{tid}" for tid in completion]:
+                lp_out["tokens"] = None
+                flags |= Elided.TEXT_TOKENS
+            if lp_out:
+                first["logprobs"] = {**lp, **lp_out}
+    if not flags:
+        return response, 0
+    stored = {**response, **top}
+    if first:
+        stored["choices"] = [{**choice, **first}, *choices[1:]]  # type: ignore[dict-item]
+    return stored, int(flags)
+
+
+def restore_response(
+    stored: dict, flags: int, prompt: list[int], completion: list[int], logps: list[float]
+) -> dict:
+    """The response as it was before `elide_response`; `stored` is changed in place and returned."""
+    if not flags:
+        return stored
+    elided = Elided(flags)
+    if Elided.PROMPT_IDS in elided:
+        stored["prompt_token_ids"] = prompt
+    if elided == Elided.PROMPT_IDS:
+        return stored
+    choice = stored["choices"][0]
+    if Elided.CHOICE_PROMPT_IDS in elided:
+        choice["prompt_token_ids"] = prompt
+    if Elided.COMPLETION_IDS in elided:
+        choice["token_ids"] = completion
+    lp = choice.get("logprobs")
+    if Elided.CHAT_BYTES in elided:
+        tokens = [f"{_TOKEN_ID}{tid}" for tid in completion]
+        lp["content"] = [
+            {"token": t, "logprob": x, "bytes": list(t.encode()), **rest}
+            for t, x, rest in zip(tokens, logps, lp["content"], strict=True)
+        ]
+    elif Elided.CHAT_LOGPROBS in elided:
+        lp["content"] = [
+            {"token": f"{_TOKEN_ID}{tid}", "logprob": x, **rest}
+            for tid, x, rest in zip(completion, logps, lp["content"], strict=True)
+        ]
+    if Elided.TEXT_LOGPROBS in elided:
+        lp["token_logprobs"] = logps
+    if Elided.TEXT_TOKENS in elided:
+        lp["tokens"] = [f"{_TOKEN_ID}{tid}" for tid in completion]
+    return stored
