@@ -125,8 +125,12 @@ class AsyncGRPOConfig(BaseModel):
     block-diagonal mask over the whole pack, so attention costs (pack length)^2: measured on an H200
     (bench/trainer_step.py, 185M model, 8 rollouts of up to 20 turns) packed steps ran 0.8x the speed of
     padded ones. Bound packs with `max_tokens_per_batch`, or use a varlen (flash-attention) kernel."""
-    bf16: bool = False
-    """Run forward passes under bfloat16 autocast (weights stay float32)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy trains: `auto` is CUDA when torch sees a GPU, else the CPU; `cuda` without a GPU
+    is an error. Under `accelerate launch` each process takes its own GPU (accelerate's placement)."""
+    bf16: bool | None = None
+    """Run forward passes under bfloat16 autocast (weights keep their dtype). None: on with CUDA (TRL's
+    default `bf16=True`), off on the CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
 

@@ -26,6 +26,7 @@ alone pushes weights, logs metrics and writes checkpoints. `train()` returns the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import statistics
@@ -41,6 +42,7 @@ import torch
 from trainer.advantages import group_advantages
 from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
 from trainer.config import AsyncGRPOConfig
+from trainer.device import resolve_placement
 from trainer.distributed import Processes, StepShard, idle_batch, processes_from_env, shard_by_tokens
 from trainer.errors import TrainerConfigError
 from trainer.logprobs import token_logprobs
@@ -90,7 +92,13 @@ class HarnessAsyncGRPOTrainer:
         if not train_dataset:
             raise TrainerConfigError("train_dataset is empty: the trainer needs prompt rows to roll out")
         self.model, tokenizer = _load_model(model)
-        self.processes = processes or processes_from_env(self.args.distributed_strategy)
+        self.placement = resolve_placement(self.args.device, self.args.bf16)
+        self.processes = processes or processes_from_env(
+            self.args.distributed_strategy, self.placement.device
+        )
+        if self.processes.world_size > 1:  # accelerate places each rank on its own device
+            self.placement = dataclasses.replace(self.placement, device=self.processes.device)
+        self.model = self.processes.place(self.model)
         self.module: Any = self.model
         """What forward passes run through: the model, or its DDP/FSDP2 wrapping once `train()` starts."""
         self.tokenizer = processing_class or tokenizer
@@ -138,6 +146,7 @@ class HarnessAsyncGRPOTrainer:
             self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
         # After resuming: FSDP2 shards the loaded weights, and DDP starts every rank from rank 0's.
         self.module, self.optimizer = self.processes.prepare(self.model, self.optimizer)
+        log.info("%s", self.placement.describe(self.model))
         self.scheduler = self._lr_scheduler()
         syncs = self.processes.on_main(lambda: self.weight_sync is not None)
         if syncs:
@@ -350,17 +359,15 @@ class HarnessAsyncGRPOTrainer:
         # Every rank makes as many passes as the busiest one (DDP and FSDP2 pair them up across ranks).
         passes = self.processes.max_int(len(batches))
         batches += [idle_batch(self._pad_id()) for _ in range(passes - len(batches))]
-        autocast = torch.autocast(
-            "cuda" if next(self.model.parameters()).is_cuda else "cpu", dtype=torch.bfloat16
-        )
         device = next(self.model.parameters()).device
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
         # DDP and FSDP2 average gradients over the ranks; the loss is a sum over all of them.
         scale = self.processes.world_size
         for index, batch in enumerate(batches):
             batch = _to(batch, device)
             last = index == len(batches) - 1  # gradients cross ranks once, in the last backward
             with contextlib.nullcontext() if last else self.processes.no_sync(self.module):
-                with autocast if args.bf16 else contextlib.nullcontext():
+                with autocast if self.placement.bf16 else contextlib.nullcontext():
                     lp = token_logprobs(self.module, batch, args.temperature, with_entropy=True)
                 out = grpo_loss(
                     lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
