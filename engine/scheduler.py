@@ -31,6 +31,9 @@ from engine.sampling import SamplingSettings, processed_logprobs, sample, top_al
 
 log = logging.getLogger(__name__)
 
+INITIAL_WEIGHT_VERSION = "default"
+"""vLLM's tag for the weights it started with (`EngineCore._weight_version`, vllm/v1/engine/core.py)."""
+
 PauseMode = Literal["abort", "wait", "keep"]
 
 
@@ -58,8 +61,8 @@ class Sequence:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
     text: str = ""
-    version: int | None = None
-    """Weight version when the sequence was admitted (its first token was sampled)."""
+    version: str | None = None
+    """Weight version tag when the sequence was admitted (its first token was sampled)."""
     cancelled: bool = False
     finished: bool = False
     generator: torch.Generator | None = None
@@ -117,7 +120,9 @@ class BatchScheduler:
         self.eos_token_ids = set(eos_token_ids)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
-        self.version = 0
+        self.weight_version = INITIAL_WEIGHT_VERSION
+        """The served weights' tag, as vLLM keeps it (`vllm/v1/engine/core.py`): "default" until a trainer
+        names one at /finish_weight_update or /update_weight_version."""
         self.stats = {"steps": 0, "max_batch": 0, "tokens": 0}
         self._cache_kw = _cache_kwarg(model)
         self._cond = threading.Condition()
@@ -196,12 +201,20 @@ class BatchScheduler:
             self._draining = False
             self._cond.notify_all()
 
-    def apply_weights(self, apply: Callable[[torch.nn.Module], None]) -> int:
-        """Run `apply(model)` between steps and bump the weight version; returns the new version."""
+    def apply_weights(
+        self, apply: Callable[[torch.nn.Module], None], weight_version: str | None = None
+    ) -> None:
+        """Run `apply(model)` between steps; a given `weight_version` becomes the served tag (vLLM's
+        `finish_weight_update(weight_version)`: without one the tag stays)."""
         with self._step_lock, torch.no_grad():
             apply(self.model)
-            self.version += 1
-            return self.version
+            if weight_version is not None:
+                self.weight_version = weight_version
+
+    def set_weight_version(self, weight_version: str) -> None:
+        """vLLM's /update_weight_version: a new tag for the weights already served."""
+        with self._step_lock:
+            self.weight_version = weight_version
 
     # ---- the loop ----------------------------------------------------------------------------------
 
@@ -259,7 +272,7 @@ class BatchScheduler:
 
     def _prefill(self, seq: Sequence) -> None:
         logits, kv = self._forward(torch.tensor([seq.prompt_ids], device=self.device), None)
-        seq.version = self.version
+        seq.version = self.weight_version
         if not self._advance(seq, logits[0]):
             self._add_row(seq, kv)
 

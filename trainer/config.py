@@ -97,6 +97,10 @@ class AsyncGRPOConfig(BaseModel):
     """Seconds to wait for the engine to answer before the first weight sync (TRL's)."""
     weight_sync_backend: Literal["nccl", "gloo"] = "nccl"
     """`nccl` for vLLM on a GPU, `gloo` for the embedded engine."""
+    weight_sync_master_address: str | None = None
+    """Address of this host the engine joins the weight-transfer group at (the rendezvous). None:
+    127.0.0.1 for an engine on this host's loopback, else the host's routable address as vLLM's
+    `get_ip()` finds it (`VLLM_HOST_IP` wins there), which is what TRL uses."""
     weight_sync_steps: int = Field(default=1, ge=1)
     """Push the weights to the engine every this many optimizer steps."""
 

@@ -51,6 +51,7 @@ from trainer.metrics import MetricsLogger
 from trainer.outcome import HarnessRolloutOutcome
 from trainer.packing import Batch, TrainItem, pack, split_by_tokens
 from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
+from trainer.versions import VersionLedger
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,16 @@ class HarnessAsyncGRPOTrainer:
         self.scheduler: Any = None
         self.step = 0
         self.policy_version = 0
+        self.ledger = VersionLedger(self.policy_version)
+        """When each version went live on the engine: dates turns the engine sent no version for."""
         self.weight_sync = weight_sync
         if self.weight_sync is None and self.args.vllm_server_base_url and self.processes.is_main:
             from engine.weight_client import WeightSyncClient
 
             self.weight_sync = WeightSyncClient(
-                self.args.vllm_server_base_url, backend=self.args.weight_sync_backend
+                self.args.vllm_server_base_url,
+                backend=self.args.weight_sync_backend,
+                master_address=self.args.weight_sync_master_address,
             )
         self.worker: RolloutWorker | None = None
         self.metrics_log: MetricsLogger | None = None
@@ -146,6 +151,7 @@ class HarnessAsyncGRPOTrainer:
             self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
         # After resuming: FSDP2 shards the loaded weights, and DDP starts every rank from rank 0's.
         self.module, self.optimizer = self.processes.prepare(self.model, self.optimizer)
+        self.ledger = VersionLedger(self.policy_version)  # after a resume: its version
         log.info("%s", self.placement.describe(self.model))
         self.scheduler = self._lr_scheduler()
         syncs = self.processes.on_main(lambda: self.weight_sync is not None)
@@ -209,8 +215,9 @@ class HarnessAsyncGRPOTrainer:
         )
         factory = self.factory_builder(sampling=sampling_policy(args), **limits)
         self.worker = RolloutWorker(
-            factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn
-        )
+            factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn,
+            ledger=self.ledger,
+        )  # fmt: skip
         self.worker.start()
 
     def _log(self, metrics: dict[str, Any]) -> None:
@@ -258,6 +265,7 @@ class HarnessAsyncGRPOTrainer:
             "buffer_qsize": self.worker.qsize,
             "staleness/dropped_groups": dropped,
             "rollout/failed_total": self.worker.failed_rollouts,
+            "rollout/turns_across_pushes_total": self.worker.turns_across_pushes,
         })  # fmt: skip
         trained = sum(item.row.num_trained_tokens for item in items)
         shards = shard_by_tokens(items, self.processes.world_size)
@@ -396,7 +404,11 @@ class HarnessAsyncGRPOTrainer:
     def _sync_weights(self) -> float:
         t0 = time.monotonic()
         named = self.processes.full_parameters(self.model, self.module)  # FSDP2: every rank gathers
-        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named))
+        # The trainer owns the version (as TRL's model_version): each push is the next one, tagged on
+        # the engine; nothing is read back (vLLM reports only the tag it was given).
+        version = self.policy_version + 1
+        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named, version=version))
+        self.ledger.record(self.policy_version)
         return time.monotonic() - t0
 
     # -- checkpoints -----------------------------------------------------------------------------------
