@@ -20,7 +20,10 @@ class EngineConfig(BaseModel):
     """How `harbor engine` serves a model."""
 
     model: str = "tiny"
-    """`tiny` (built locally for `seed`) or a local Hugging Face model folder."""
+    """`tiny` (built locally for `seed`), a local Hugging Face model folder, or a Hub id (ORG/NAME,
+    fetched once into the Hugging Face cache)."""
+    revision: str | None = None
+    """Hub revision of a Hub-id `model` (None: the default branch)."""
     served_model_name: str | None = None
     """Name clients send as `model`; defaults to `model`, as in vLLM."""
     seed: int = 0
@@ -92,7 +95,7 @@ def load_engine(config: EngineConfig) -> EngineState:
     from engine.tiny_model import load_model_and_tokenizer, resolve_model_path
 
     torch.set_num_threads(config.num_threads)
-    path = resolve_model_path(config.model, config.seed, config.cache_dir)
+    path = resolve_model_path(config.model, config.seed, config.cache_dir, config.revision)
     device = engine_device(config.device)
     model, tokenizer = load_model_and_tokenizer(path, config.dtype)
     model.to(device)

@@ -41,7 +41,10 @@ class TrainRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "tiny"
-    """The policy to train: `tiny` (built locally) or a local Hugging Face model folder."""
+    """The policy to train: `tiny` (built locally), a local Hugging Face model folder, or a Hub id
+    (ORG/NAME, downloaded once into the Hugging Face cache; offline a cached one is used)."""
+    model_revision: str | None = None
+    """Hub revision (branch, tag or commit) of a Hub-id `model`; None: the default branch."""
     server_url: str | None = None
     """A running `harbor serve`; None starts the embedded engine and server in this process."""
     split: str | None = None
@@ -334,7 +337,7 @@ def run_training(
         )
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    model_path = resolve_model_path(run.model, seed=config.seed)
+    model_path = resolve_model_path(run.model, seed=config.seed, revision=run.model_revision)
     served = run.served_model_name or ("tiny" if run.model == "tiny" else run.model)
 
     def evaluation(name: str, factory, rows, cfg, episodes: int = run.eval_episodes) -> EvalResult:

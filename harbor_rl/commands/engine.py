@@ -9,8 +9,9 @@ def register(app: typer.Typer) -> None:
     @app.command("engine")
     def engine(
         model: str = typer.Option(
-            "tiny", "--model", help="'tiny' (built locally, offline) or a local HF model folder."
+            "tiny", "--model", help="'tiny' (built locally, offline), a local HF model folder, or a Hub id."
         ),
+        revision: str | None = typer.Option(None, "--revision", help="Hub revision of a Hub-id --model."),
         port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
         host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
         seed: int = typer.Option(0, "--seed", help="Seed of the tiny model (same seed, same weights)."),
@@ -45,6 +46,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--device {device!r}: expected auto, cpu or cuda")
         config = EngineConfig(
             device=device,
+            revision=revision,
             model=model,
             served_model_name=served_model_name,
             seed=seed,
@@ -62,7 +64,7 @@ def register(app: typer.Typer) -> None:
             else:
                 from engine.tiny_model import resolve_model_path
 
-                resolve_model_path(model, seed)
+                resolve_model_path(model, seed, revision=revision)
         except (ModelBuildError, EngineConfigError) as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None

@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             None, "--config", help="YAML file of settings (AsyncGRPOConfig fields and run fields); flags win."
         ),
         model: str | None = typer.Option(
-            None, "--model", help="'tiny' or a local Hugging Face model folder."
+            None, "--model", help="'tiny', a local Hugging Face model folder, or a Hub id (ORG/NAME)."
         ),
         server_url: list[str] = typer.Option(
             [],
