@@ -242,6 +242,9 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
         mode: Literal["abort", "wait", "keep"] = Query("abort"),
         clear_cache: bool = Query(True),  # vLLM's deprecated flag: this engine keeps no prefix cache
     ) -> dict[str, str]:
+        # keep (what the trainer sends): running requests freeze and go on under the new weights after
+        # /resume; new ones queue. abort ends running requests (finish_reason "abort"); wait lets them
+        # finish. New requests during abort/wait queue here as in vLLM 0.28 (0.33 answers them 503).
         await asyncio.to_thread(engine(request).scheduler.pause, mode)
         return {"status": "paused"}
 

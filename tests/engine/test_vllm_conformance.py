@@ -131,3 +131,27 @@ def test_version_routes_and_pause_answers_match_vllm(fresh_engine) -> None:
         assert httpx.post(f"{url}/resume").json() == {"status": "resumed"}
     assert httpx.post(f"{url}/pause", params={"mode": "later"}).status_code == 400
     assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+
+
+def test_the_imitation_answers_the_control_routes_as_vllm_does() -> None:
+    from engine.imitation import create_imitation_app
+    from engine.in_process import serve_in_thread
+
+    with serve_in_thread(create_imitation_app()) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/weight_info").json() == {"weight_version": "default"}
+        assert http.get("/get_world_size").json() == {"world_size": 1}
+        assert http.post("/finish_weight_update", json={"weight_version": 3}).status_code == 400
+        assert http.post("/finish_weight_update", json={"weight_version": "3"}).json() == {
+            "message": "Weight update finished"
+        }
+        assert http.get("/weight_info").json() == {"weight_version": "3"}
+        assert http.post("/finish_weight_update").status_code == 200  # no tag: vLLM keeps its own
+        assert http.get("/weight_info").json() == {"weight_version": "3"}
+        assert http.post("/update_weight_version", json={"new_version": "4"}).json() == {
+            "success": True, "new_version": "4"
+        }  # fmt: skip
+        assert http.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+        assert http.get("/is_paused").json() == {"is_paused": True}
+        assert http.post("/resume").json() == {"status": "resumed"}
+        assert http.post("/pause", params={"mode": "later"}).status_code == 400
+        assert http.post("/init_weight_transfer_engine", json={"init_info": {}}).status_code == 501

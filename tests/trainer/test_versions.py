@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -31,17 +32,24 @@ def call(session, **kwargs) -> None:
 
 def test_turns_through_the_proxy_from_a_headerless_engine_get_the_trainers_versions(proxy, imitation):
     imitation.configure(policy_version=None)  # like vLLM: no version header on any reply
+    engine = httpx.Client(base_url=imitation.url, timeout=30)
     ledger = VersionLedger(initial=0)
     session = proxy.create(sampling={"temperature": 1.0})
     call(session)  # served by the initial weights
     ledger.record(1)
     call(session)  # after the first push
-    imitation.configure(latency_s=1.5)
-    slow = threading.Thread(target=call, args=(session,))
-    slow.start()
+    # A push while the third call is in flight, as the trainer drives vLLM: pause(keep) holds the call,
+    # the weights get the trainer's tag, resume lets the call finish under them.
+    assert engine.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+    held = threading.Thread(target=call, args=(session,))
+    held.start()
     time.sleep(0.5)
-    ledger.record(2)  # a push lands while the third call is in flight (pause(keep), then resume)
-    slow.join(30)
+    assert held.is_alive()  # held by the pause
+    engine.post("/finish_weight_update", json={"weight_version": "2"})
+    ledger.record(2)
+    engine.post("/resume")
+    held.join(30)
+    assert engine.get("/weight_info").json() == {"weight_version": "2"}
 
     turns = proxy.store.get_turns(session.session_id)
     assert [t.metadata.policy_version for t in turns] == [None, None, None]  # the proxy got no header
