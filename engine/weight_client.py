@@ -23,7 +23,6 @@ given one, as a string: `finish_weight_update(weight_version: str | None)` in
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 import threading
@@ -38,8 +37,6 @@ import torch
 
 from engine.errors import WeightSyncError
 from engine.weight_transfer import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group, pack_plan
-
-log = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]
 PauseMode = Literal["abort", "wait", "keep"]
