@@ -188,6 +188,13 @@ KNOWN: tuple[Benchmark, ...] = (
         "Trainer step time and tokens/s, packed vs padded, for a mid-size random-init model on a GPU.",
         needs_gpu=True,
     ),
+    Benchmark(
+        "gpu_check",
+        "GRPO steps of the `harbor train` path with trainer and embedded engine on CUDA (tiny and ~0.4B "
+        "models, packed and padded): parameters on the GPU, step time, tokens/s, peak memory, push time.",
+        needs_gpu=True,
+        timeout_s=(300, 600),
+    ),
 )
 
 

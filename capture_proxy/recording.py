@@ -21,6 +21,18 @@ from capture_proxy.upstream import Capture
 log = logging.getLogger(__name__)
 
 
+def parse_policy_version(tag: str | None) -> int | None:
+    """A weight-version tag as a policy version: the trainer tags its pushes "1", "2", ...; "default" is
+    vLLM's tag for the weights it started with (version 0). vLLM itself sends no version header: its
+    turns stay None here and the trainer dates them (trainer.versions)."""
+    if tag == "default":
+        return 0
+    try:
+        return int(tag) if tag is not None else None
+    except ValueError:
+        return None
+
+
 class TurnRecorder:
     """Writes each call's turn (waiting until it is committed) and turns engine failures into errors."""
 
@@ -33,11 +45,7 @@ class TurnRecorder:
         self.metrics = metrics
 
     def policy_version(self, headers: httpx.Headers) -> int | None:
-        value = headers.get(self.config.policy_version_header)
-        try:
-            return int(value) if value is not None else None
-        except ValueError:
-            return None
+        return parse_policy_version(headers.get(self.config.policy_version_header))
 
     async def record(
         self, call: ModelCall, response: dict, capture: Capture, policy_version: int | None

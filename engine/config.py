@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from engine.errors import ModelNotFound
+from engine.errors import EngineConfigError, ModelNotFound
 from engine.protocol import TokenNamer
 from engine.sampling_params import Defaults
 from engine.scheduler import BatchScheduler
@@ -20,7 +20,10 @@ class EngineConfig(BaseModel):
     """How `harbor engine` serves a model."""
 
     model: str = "tiny"
-    """`tiny` (built locally for `seed`) or a local Hugging Face model folder."""
+    """`tiny` (built locally for `seed`), a local Hugging Face model folder, or a Hub id (ORG/NAME,
+    fetched once into the Hugging Face cache)."""
+    revision: str | None = None
+    """Hub revision of a Hub-id `model` (None: the default branch)."""
     served_model_name: str | None = None
     """Name clients send as `model`; defaults to `model`, as in vLLM."""
     seed: int = 0
@@ -37,6 +40,9 @@ class EngineConfig(BaseModel):
     max_batch_size: int = 64
     """Sequences decoded together in one step; more wait in the queue."""
     dtype: str = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Where the model runs: `cuda` (or `auto` with a GPU) puts it on the current GPU. The default CPU
+    leaves a GPU to the trainer."""
     weight_transfer_timeout_s: float = 300.0
     """How long a weight-transfer collective may wait for the trainer."""
 
@@ -69,6 +75,19 @@ def _generation_defaults(path: Path) -> tuple[Defaults, list[int]]:
     return Defaults(**known), eos_ids
 
 
+def engine_device(requested: str):
+    """`auto` -> cuda when torch sees a GPU, else cpu; `cuda` without one is an EngineConfigError."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise EngineConfigError(
+            "engine device 'cuda' was asked for but torch sees no GPU: install a CUDA build of torch, "
+            "check CUDA_VISIBLE_DEVICES, or serve on --device cpu"
+        )
+    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
 def load_engine(config: EngineConfig) -> EngineState:
     """Resolve and load the model, and build (not start) the batching loop."""
     import torch
@@ -76,8 +95,10 @@ def load_engine(config: EngineConfig) -> EngineState:
     from engine.tiny_model import load_model_and_tokenizer, resolve_model_path
 
     torch.set_num_threads(config.num_threads)
-    path = resolve_model_path(config.model, config.seed, config.cache_dir)
+    path = resolve_model_path(config.model, config.seed, config.cache_dir, config.revision)
+    device = engine_device(config.device)
     model, tokenizer = load_model_and_tokenizer(path, config.dtype)
+    model.to(device)
     limit = getattr(model.config, "max_position_embeddings", None) or 4096
     max_model_len = min(config.max_model_len or limit, limit)
     defaults, eos_ids = _generation_defaults(path)
@@ -89,6 +110,7 @@ def load_engine(config: EngineConfig) -> EngineState:
         max_model_len=max_model_len,
         eos_token_ids=eos_ids,
         max_batch_size=config.max_batch_size,
+        device=device,
     )
     return EngineState(
         config=config,

@@ -15,6 +15,10 @@ class ModelBuildError(EngineError):
     """The tiny model could not be built, or a model folder could not be loaded."""
 
 
+class EngineConfigError(EngineError):
+    """The engine cannot be set up as configured (a missing GPU, ...)."""
+
+
 class RequestError(EngineError):
     """A request the engine refuses; `status` and `err_type` follow vLLM's ErrorResponse."""
 

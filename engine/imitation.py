@@ -6,8 +6,9 @@ and its serving code produce it: top-level `prompt_token_ids` and per-choice `to
 `return_token_ids`, logprobs whose `token` reads `token_id:N` (the server's
 `--return-tokens-as-token-ids`), hermes-style tool calls, streamed chunks whose first carries the prompt
 ids and every later one its token-id delta, the trailing usage chunk of `stream_options.include_usage`,
-`data: [DONE]`, and `{"error": {...}}` bodies. It also sends the policy version header the embedded
-engine sends (`x-policy-version`).
+`data: [DONE]`, and `{"error": {...}}` bodies; and vLLM's RL control routes (pause/resume, the weight
+version tag: `_add_rl_routes`). It can also send the policy version header the embedded engine sends
+(`x-policy-version`); `policy_version=None` sends none, as vLLM.
 
 The "model" is a byte-level tokenizer (id = byte + 3; 1 = <|im_start|>, 2 = <|im_end|>, the EOS)
 with a chat template, and a deterministic sampler; so later prompts extend earlier prompt+completion ids
@@ -271,6 +272,7 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
             return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         if cfg.latency_s:
             await asyncio.sleep(cfg.latency_s)
+        await app.state.running.wait()  # paused: held, answered after /resume (vLLM's pause mode keep)
         prompt_ids = prompt_for(body, endpoint)
         tools = body.get("tools") if endpoint == "chat" else None
         comp = _Completion(prompt_ids, body, cfg, tools)
@@ -314,6 +316,8 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
     async def health() -> Response:
         return Response(status_code=200)
 
+    _add_rl_routes(app)
+
     @app.post("/imitation/settings")
     async def update_settings(request: Request) -> Response:
         app.state.settings = ImitationSettings.model_validate(
@@ -326,6 +330,83 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
         return Response(orjson.dumps(list(app.state.requests)), media_type="application/json")
 
     return app
+
+
+# -- vLLM's RL routes (vllm/entrypoints/serve/dev/rlhf/api_router.py, vLLM 0.28.0-0.33.0) ----------
+
+
+def _add_rl_routes(app: FastAPI) -> None:
+    """The control routes a trainer drives, with vLLM's answers: pause/resume (a paused imitation holds
+    every reply until /resume, as `mode=keep` does; it has no running batch to abort or drain) and the
+    weight tag ("default" until /finish_weight_update or /update_weight_version names one, a string).
+    It moves no tensors: /init_weight_transfer_engine is refused (use the embedded engine for that)."""
+    app.state.weight_version = "default"
+    app.state.running = asyncio.Event()
+    app.state.running.set()
+
+    def bad(message: str, status: int = 400) -> Response:
+        body = error_body(message, "BadRequestError" if status == 400 else "NotImplementedError", status)
+        return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+    async def tag_from(request: Request, key: str) -> str | None | Response:
+        raw = await request.body()
+        value = orjson.loads(raw).get(key) if raw.strip() else None
+        if value is not None and not isinstance(value, str):
+            return bad(f"{key}: Input should be a valid string")
+        return value
+
+    @app.get("/get_world_size")
+    async def get_world_size() -> dict[str, int]:
+        return {"world_size": 1}
+
+    @app.post("/pause")
+    async def pause(mode: str = "abort") -> Response:
+        if mode not in ("abort", "wait", "keep"):
+            return bad(f"mode: Input should be 'abort', 'wait' or 'keep' (got {mode!r})")
+        app.state.running.clear()
+        return Response(orjson.dumps({"status": "paused"}), media_type="application/json")
+
+    @app.post("/resume")
+    async def resume() -> dict[str, str]:
+        app.state.running.set()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": not app.state.running.is_set()}
+
+    @app.post("/init_weight_transfer_engine")
+    async def init_weight_transfer_engine() -> Response:
+        return bad("the vLLM imitation moves no tensors: sync weights with the embedded engine", 501)
+
+    @app.post("/start_weight_update")
+    async def start_weight_update() -> dict[str, str]:
+        return {"message": "Weight update started"}
+
+    @app.post("/finish_weight_update")
+    async def finish_weight_update(request: Request) -> Response:
+        version = await tag_from(request, "weight_version")
+        if isinstance(version, Response):
+            return version
+        if version is not None:
+            app.state.weight_version = version
+        return Response(orjson.dumps({"message": "Weight update finished"}), media_type="application/json")
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        version = await tag_from(request, "new_version")
+        if isinstance(version, Response):
+            return version
+        if version is None:
+            return bad("Missing 'new_version' in request body")
+        app.state.weight_version = version
+        return Response(
+            orjson.dumps({"success": True, "new_version": version}), media_type="application/json"
+        )
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str]:
+        return {"weight_version": app.state.weight_version}
 
 
 # -- response shapes ----------------------------------------------------------------------------

@@ -31,6 +31,9 @@ from engine.sampling import SamplingSettings, processed_logprobs, sample, top_al
 
 log = logging.getLogger(__name__)
 
+INITIAL_WEIGHT_VERSION = "default"
+"""vLLM's tag for the weights it started with (`EngineCore._weight_version`, vllm/v1/engine/core.py)."""
+
 PauseMode = Literal["abort", "wait", "keep"]
 
 
@@ -58,8 +61,8 @@ class Sequence:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     generated: list[int] = field(default_factory=list)
     text: str = ""
-    version: int | None = None
-    """Weight version when the sequence was admitted (its first token was sampled)."""
+    version: str | None = None
+    """Weight version tag when the sequence was admitted (its first token was sampled)."""
     cancelled: bool = False
     finished: bool = False
     generator: torch.Generator | None = None
@@ -106,14 +109,20 @@ class BatchScheduler:
         eos_token_ids: list[int],
         max_batch_size: int = 64,
         max_prefill_tokens: int = 4096,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
+        self.device = torch.device(device)
+        """Where the model and the batch's tensors live; sampling runs on the CPU either way, so the
+        seeded draws are the same on every device."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
-        self.version = 0
+        self.weight_version = INITIAL_WEIGHT_VERSION
+        """The served weights' tag, as vLLM keeps it (`vllm/v1/engine/core.py`): "default" until a trainer
+        names one at /finish_weight_update or /update_weight_version."""
         self.stats = {"steps": 0, "max_batch": 0, "tokens": 0}
         self._cache_kw = _cache_kwarg(model)
         self._cond = threading.Condition()
@@ -126,7 +135,7 @@ class BatchScheduler:
         # The running batch: one row per sequence, KV tensors [B, heads, L, dim] per layer.
         self._rows: list[Sequence] = []
         self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._mask = torch.zeros(0, 0, dtype=torch.long)
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -192,12 +201,20 @@ class BatchScheduler:
             self._draining = False
             self._cond.notify_all()
 
-    def apply_weights(self, apply: Callable[[torch.nn.Module], None]) -> int:
-        """Run `apply(model)` between steps and bump the weight version; returns the new version."""
+    def apply_weights(
+        self, apply: Callable[[torch.nn.Module], None], weight_version: str | None = None
+    ) -> None:
+        """Run `apply(model)` between steps; a given `weight_version` becomes the served tag (vLLM's
+        `finish_weight_update(weight_version)`: without one the tag stays)."""
         with self._step_lock, torch.no_grad():
             apply(self.model)
-            self.version += 1
-            return self.version
+            if weight_version is not None:
+                self.weight_version = weight_version
+
+    def set_weight_version(self, weight_version: str) -> None:
+        """vLLM's /update_weight_version: a new tag for the weights already served."""
+        with self._step_lock:
+            self.weight_version = weight_version
 
     # ---- the loop ----------------------------------------------------------------------------------
 
@@ -254,16 +271,16 @@ class BatchScheduler:
         return out.logits[:, -1, :], _cache_tensors(cache)
 
     def _prefill(self, seq: Sequence) -> None:
-        logits, kv = self._forward(torch.tensor([seq.prompt_ids]), None)
-        seq.version = self.version
+        logits, kv = self._forward(torch.tensor([seq.prompt_ids], device=self.device), None)
+        seq.version = self.weight_version
         if not self._advance(seq, logits[0]):
             self._add_row(seq, kv)
 
     def _decode(self) -> None:
         batch = len(self._rows)
-        input_ids = torch.tensor([[s.generated[-1]] for s in self._rows])
-        positions = torch.tensor([[s.num_tokens - 1] for s in self._rows])
-        mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        input_ids = torch.tensor([[s.generated[-1]] for s in self._rows], device=self.device)
+        positions = torch.tensor([[s.num_tokens - 1] for s in self._rows], device=self.device)
+        mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long, device=self.device)], dim=1)
         logits, self._kv = self._forward(input_ids, self._kv, attention_mask=mask, position_ids=positions)
         self._mask = mask
         self.stats["steps"] += 1
@@ -274,7 +291,7 @@ class BatchScheduler:
     def _advance(self, seq: Sequence, logits: torch.Tensor) -> bool:
         """Sample the next token of `seq`, emit it, and say whether the sequence finished."""
         s = seq.settings
-        logprobs = processed_logprobs(logits, s)
+        logprobs = processed_logprobs(logits.float().cpu(), s)
         token = sample(logprobs, s, seq.generator)
         seq.generated.append(token)
         self.stats["tokens"] += 1
@@ -307,7 +324,7 @@ class BatchScheduler:
         length = kv[0][0].shape[2]
         if not self._rows:
             self._rows, self._kv = [seq], kv
-            self._mask = torch.ones(1, length, dtype=torch.long)
+            self._mask = torch.ones(1, length, dtype=torch.long, device=self.device)
             return
         total = max(length, self._mask.shape[1])
 
@@ -323,7 +340,7 @@ class BatchScheduler:
             (torch.cat([left_pad(k0, 2), left_pad(k1, 2)]), torch.cat([left_pad(v0, 2), left_pad(v1, 2)]))
             for (k0, v0), (k1, v1) in zip(self._kv, kv, strict=True)
         ]
-        new_mask = torch.ones(1, length, dtype=torch.long)
+        new_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
         self._mask = torch.cat([left_pad(self._mask, 1), left_pad(new_mask, 1)])
         self._rows.append(seq)
         self.stats["max_batch"] = max(self.stats["max_batch"], len(self._rows))
@@ -334,9 +351,9 @@ class BatchScheduler:
         keep = [i for i in range(len(self._rows)) if i not in set(drop)]
         self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._kv, self._mask = [], torch.zeros(0, 0, dtype=torch.long)
+            self._kv, self._mask = [], torch.zeros(0, 0, dtype=torch.long, device=self.device)
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.device)
         mask = self._mask.index_select(0, index)
         # Columns that are padding in every remaining row are dead weight: cut them.
         start = int((mask.sum(0) > 0).nonzero()[0])
@@ -353,7 +370,7 @@ class BatchScheduler:
             if not seq.finished:
                 seq.finished = True
                 seq.emit(TokenEvent(None, None, [], seq.text, "abort", None))
-        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long)
+        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     def _fail_all(self, admitted: list[Sequence], exc: Exception) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"
@@ -361,4 +378,4 @@ class BatchScheduler:
             if not seq.finished:
                 seq.finished = True
                 seq.emit(TokenEvent(None, None, [], message, "error", None))
-        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long)
+        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long, device=self.device)

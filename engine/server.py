@@ -1,9 +1,14 @@
 """The embedded engine's HTTP app: vLLM's OpenAI dialect plus its weight-transfer endpoints.
 
 `create_app(EngineConfig(...))` loads the model on start-up and runs the batching loop
-(`scheduler.BatchScheduler`) in a background thread. Every response carries the served weight version
-in the `x-policy-version` header (streams too: the header is sent once the request has been admitted,
-so it names the weights its first token was sampled with).
+(`scheduler.BatchScheduler`) in a background thread.
+
+The weight-transfer routes mirror vLLM's (`vllm/entrypoints/serve/dev/rlhf/api_router.py` in vLLM 0.28.0,
+moved unchanged for these routes to `vllm/entrypoints/rl/online/api_router.py` by 0.33.0): the same
+paths, bodies and answers, the weight version a tag the trainer gives at /finish_weight_update
+("default" until then). One addition vLLM does not make: every response carries the served tag in the
+`x-policy-version` header (streams too: sent once the request has been admitted, so it names the
+weights its first token was sampled with); readers must not rely on it, vLLM sends none.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from engine.errors import (
     WeightTransferStateError,
 )
 from engine.protocol import POLICY_VERSION_HEADER, ChatRequest, CompletionRequest
+from engine.scheduler import INITIAL_WEIGHT_VERSION
 
 __all__ = ["EngineConfig", "create_app", "load_engine"]
 
@@ -51,8 +57,10 @@ class _PolicyVersionHeader:
                 headers = list(message.get("headers", []))
                 if not any(k.lower() == POLICY_VERSION_HEADER.encode() for k, _ in headers):
                     engine = getattr(self.fastapi_app.state, "engine", None)
-                    version = engine.scheduler.version if engine is not None else 0
-                    headers.append((POLICY_VERSION_HEADER.encode(), str(version).encode()))
+                    version = (
+                        engine.scheduler.weight_version if engine is not None else INITIAL_WEIGHT_VERSION
+                    )
+                    headers.append((POLICY_VERSION_HEADER.encode(), version.encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -163,9 +171,11 @@ def create_app(config: EngineConfig | None = None) -> FastAPI:
 
 
 def _add_weight_routes(app: FastAPI, engine) -> None:
+    """vLLM's routes as the trainer drives them; answers copied from vLLM 0.28.0-0.33.0's api_router."""
+
     @app.get("/get_world_size")
-    async def get_world_size(request: Request) -> dict[str, int]:
-        return {"world_size": engine(request).receiver.world_size}
+    async def get_world_size(request: Request, include_dp: bool = Query(True)) -> dict[str, int]:
+        return {"world_size": engine(request).receiver.world_size}  # one rank: TP = PP = DP = 1
 
     @app.post("/init_weight_transfer_engine")
     async def init_weight_transfer_engine(request: Request) -> dict[str, str]:
@@ -177,8 +187,7 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
 
     @app.post("/start_weight_update")
     async def start_weight_update(request: Request) -> dict[str, str]:
-        body = await _json_object(request)
-        engine(request).receiver.start(bool(body.get("is_checkpoint_format", True)))
+        engine(request).receiver.start()  # vLLM reads no body here
         return {"message": "Weight update started"}
 
     @app.post("/update_weights")
@@ -190,18 +199,52 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
         return {"message": "Weights updated"}
 
     @app.post("/finish_weight_update")
-    async def finish_weight_update(request: Request) -> dict[str, Any]:
-        version = await asyncio.to_thread(engine(request).receiver.finish)
-        return {"message": "Weight update finished", "weight_version": version}
+    async def finish_weight_update(request: Request) -> dict[str, str]:
+        # vLLM: `weight_version: Annotated[str | None, Body(embed=True)] = None`.
+        version = _optional_tag(await _json_object(request), "weight_version")
+        await asyncio.to_thread(engine(request).receiver.finish, version)
+        return {"message": "Weight update finished"}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> dict[str, Any]:
+        version = _optional_tag(await _json_object(request), "new_version")
+        if version is None:
+            raise BadRequest("Missing 'new_version' in request body", param="new_version")
+        engine(request).scheduler.set_weight_version(version)
+        return {"success": True, "new_version": version}
+
+    @app.get("/server_info")
+    async def server_info(
+        request: Request, config_format: Literal["text", "json"] = Query("text")
+    ) -> dict[str, Any]:
+        # The part of vLLM's resolved VllmConfig a trainer reads (TRL's VLLMClient.get_dtype takes
+        # vllm_config.model_config.dtype, stringified as "torch.<dtype>" by vLLM's json dump).
+        state = engine(request)
+        config = {
+            "model_config": {
+                "model": str(state.model_path),
+                "served_model_name": state.served_name,
+                "dtype": str(next(state.scheduler.model.parameters()).dtype),
+                "max_model_len": state.max_model_len,
+            },
+            "parallel_config": {"world_size": state.receiver.world_size},
+        }
+        return {"vllm_config": config if config_format == "json" else str(config), "vllm_env": {},
+                "system_env": {}}  # fmt: skip
 
     @app.get("/weight_info")
-    async def weight_info(request: Request) -> dict[str, Any]:
-        return {"weight_version": engine(request).scheduler.version}
+    async def weight_info(request: Request) -> dict[str, str]:
+        return {"weight_version": engine(request).scheduler.weight_version}
 
     @app.post("/pause")
     async def pause(
-        request: Request, mode: Literal["abort", "wait", "keep"] = Query("abort")
+        request: Request,
+        mode: Literal["abort", "wait", "keep"] = Query("abort"),
+        clear_cache: bool = Query(True),  # vLLM's deprecated flag: this engine keeps no prefix cache
     ) -> dict[str, str]:
+        # keep (what the trainer sends): running requests freeze and go on under the new weights after
+        # /resume; new ones queue. abort ends running requests (finish_reason "abort"); wait lets them
+        # finish. New requests during abort/wait queue here as in vLLM 0.28 (0.33 answers them 503).
         await asyncio.to_thread(engine(request).scheduler.pause, mode)
         return {"status": "paused"}
 
@@ -213,3 +256,12 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
     @app.get("/is_paused")
     async def is_paused(request: Request) -> dict[str, bool]:
         return {"is_paused": engine(request).scheduler.is_paused}
+
+
+def _optional_tag(body: dict[str, Any], key: str) -> str | None:
+    """A `str | None` body field, as FastAPI's `Body(embed=True)` checks it for vLLM (a number is
+    refused: FastAPI 0.1xx's str fields are strict about JSON numbers)."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"{key}: Input should be a valid string", param=key)
+    return value

@@ -61,8 +61,10 @@ def _with_seed(settings: SamplingSettings, seed: int | None) -> SamplingSettings
 
 
 def _version_of(seqs: list[Sequence], state: EngineState) -> str:
+    """The weight tag the request's first sequence was admitted under (sequences of one request are
+    admitted in submission order; tags are names, so there is no "oldest" to take)."""
     versions = [s.version for s in seqs if s.version is not None]
-    return str(min(versions) if versions else state.scheduler.version)
+    return versions[0] if versions else state.scheduler.weight_version
 
 
 class _DeltaText:

@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -182,17 +183,55 @@ def find_tiny_model(seed: int = 0, cache_dir: str | Path | None = None) -> Path 
     return folder if _is_current(folder, _fingerprint(seed, corpus_texts())) else None
 
 
-def resolve_model_path(model: str, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
-    """`tiny` -> the built tiny model folder; anything else must be a local Hugging Face model folder."""
+HUB_MODEL_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
+"""What a Hub model folder needs to load (weights as safetensors, config, tokenizer, chat template,
+remote code); `*.bin`/`*.pth` duplicates and `original/` checkpoints are not fetched."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_path(
+    model: str, seed: int = 0, cache_dir: str | Path | None = None, revision: str | None = None
+) -> Path:
+    """`tiny` -> the built tiny model folder; a local Hugging Face model folder -> itself; `ORG/NAME`
+    -> its snapshot in the Hugging Face cache, downloaded once through huggingface_hub (HF_HUB_CACHE,
+    HF_HUB_OFFLINE and HF_TOKEN honoured; offline, a cached snapshot is used as it is)."""
     if model == "tiny":
         return build_tiny_model(seed, cache_dir)
     path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
+    if (path / "config.json").is_file():
+        return path
+    if path.exists() or not _HUB_ID.match(model):
         raise ModelBuildError(
-            f"model {model!r} is neither 'tiny' nor a local Hugging Face model folder (no config.json there); "
-            "hub ids are not fetched by the embedded engine: download the folder first"
+            f"model {model!r} is neither 'tiny' nor a local Hugging Face model folder (no config.json there) "
+            "nor a Hub id (ORG/NAME)"
         )
-    return path
+    return hub_snapshot(model, revision)
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """The local snapshot folder of a Hub model; ModelBuildError (one line: the id, how to fetch it)
+    when it is neither cached nor downloadable."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    at = f"@{revision}" if revision else ""
+    try:
+        folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_MODEL_FILES))
+    except LocalEntryNotFoundError:
+        raise ModelBuildError(
+            f"model {repo_id}{at} is not in the Hugging Face cache and the Hub cannot be reached (offline or "
+            f"HF_HUB_OFFLINE=1): fetch it where there is a network with `hf download {repo_id}"
+            f"{f' --revision {revision}' if revision else ''}` (same HF_HUB_CACHE), or pass a local folder"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ModelBuildError(
+            f"model {repo_id} is not on the Hub (or is private: set HF_TOKEN, or run `hf auth login`)"
+        ) from None
+    except HfHubHTTPError as exc:
+        raise ModelBuildError(f"downloading model {repo_id}{at} from the Hub failed: {exc}") from None
+    if not (folder / "config.json").is_file():
+        raise ModelBuildError(f"Hub repo {repo_id}{at} has no config.json: it is not a transformers model")
+    return folder
 
 
 def load_model_and_tokenizer(path: str | Path, dtype: str = "float32"):

@@ -4,8 +4,20 @@ The sequence (docs/design.md 3.9) is vLLM's: `init_weight_transfer_engine` joins
 `rank_offset` while the trainer joins as rank 0; each sync is `start_weight_update`, one or more
 `update_weights` (the trainer broadcasts the tensors while the HTTP call is in flight), then
 `finish_weight_update`. Received tensors are only *staged*; finish applies them all at once between two
-generation steps and bumps the weight version. Any failure (bad names or shapes, a transport error)
-discards the staging: the engine keeps serving the old weights.
+generation steps. Any failure (bad names or shapes, a transport error) discards the staging: the engine
+keeps serving the old weights.
+
+Read against vLLM 0.28.0 and 0.33.0 (the range pyproject pins), NCCL backend:
+- `init_info` is `NCCLWeightTransferInitInfo` (`vllm/distributed/weight_transfer/nccl_common.py`):
+  master_address, master_port, rank_offset, world_size, and the wire params packed (default False),
+  packed_buffer_size_bytes (1 GiB), packed_num_buffers (2). `packed` lives here, not in update_info, since
+  0.28 (vllm-project/vllm#50902); unknown keys are refused (`parse_init_info` builds the dataclass).
+- `update_info` is `NCCLWeightTransferUpdateInfo` (`nccl_engine.py`): names, dtype_names, shapes, all of
+  one length; nothing else.
+- packed chunks are cut by `pack_tensors` / `packed_nccl_broadcast_consumer` (`packed_tensor.py`): add
+  tensors until the running size *exceeds* the buffer size, then send; so both ends cut the same chunks.
+- the weight version is a tag the trainer gives, never a counter (`vllm/v1/engine/core.py` starts it at
+  "default"; `AsyncLLM.finish_weight_update(weight_version)` sets it only when one is given).
 
 The group is a stateless `ProcessGroupGloo` over its own TCPStore, like vLLM's StatelessProcessGroup, so
 it never touches a default torch.distributed group the host process may own.
@@ -16,18 +28,20 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from engine.errors import BadRequest, WeightTransferError, WeightTransferStateError
 from engine.scheduler import BatchScheduler
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PACKED_BUFFER_SIZE_BYTES = 64 * 1024 * 1024
+DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024
+"""vLLM's (`packed_tensor.py`): both ends must cut the same chunks."""
+DEFAULT_PACKED_NUM_BUFFERS = 2
 
 
 def gloo_group(master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float):
@@ -44,64 +58,80 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def _nbytes(dtype_name: str, shape: list[int]) -> int:
+    return torch.Size(shape).numel() * torch_dtype(dtype_name).itemsize
+
+
 def pack_plan(dtype_names: list[str], shapes: list[list[int]], buffer_size_bytes: int) -> list[list[int]]:
-    """Group tensor indices into broadcast buffers of at most `buffer_size_bytes` (a bigger tensor
-    goes alone). Trainer and engine derive the same plan from the same update_info."""
+    """Group tensor indices into broadcast buffers the way vLLM's `pack_tensors` does: add tensors until
+    the running size exceeds `buffer_size_bytes`, then close the chunk (the tensor that crossed the line
+    is in it). Trainer and engine derive the same plan from the same update_info."""
     chunks: list[list[int]] = []
     current: list[int] = []
     used = 0
     for i, (dtype_name, shape) in enumerate(zip(dtype_names, shapes, strict=True)):
-        size = torch.Size(shape).numel() * torch_dtype(dtype_name).itemsize
-        if current and used + size > buffer_size_bytes:
+        current.append(i)
+        used += _nbytes(dtype_name, shape)
+        if used > buffer_size_bytes:
             chunks.append(current)
             current, used = [], 0
-        current.append(i)
-        used += size
     if current:
         chunks.append(current)
     return chunks
 
 
-@dataclass
-class UpdateInfo:
+class _WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def parse(cls, raw: Any, param: str):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"{param} must be a JSON object", param=param)
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or param}: {e['msg']}" for e in exc.errors()
+            )
+            raise BadRequest(f"Invalid {param}: {problems}", param=param) from None
+
+
+class InitInfo(_WireModel):
+    """vLLM's `NCCLWeightTransferInitInfo` (TCP rendezvous; the torch-free unique-id mode of 0.33 is
+    not offered by a gloo group)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    packed: bool = False
+    packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
+    packed_num_buffers: int = DEFAULT_PACKED_NUM_BUFFERS
+
+
+class UpdateInfo(_WireModel):
+    """vLLM's `NCCLWeightTransferUpdateInfo`."""
+
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
-    packed: bool = False
-    packed_buffer_size_bytes: int = DEFAULT_PACKED_BUFFER_SIZE_BYTES
 
-    @classmethod
-    def parse(cls, raw: Any) -> UpdateInfo:
-        if not isinstance(raw, dict):
-            raise BadRequest("update_info must be a JSON object", param="update_info")
-        try:
-            names, dtypes, shapes = raw["names"], raw["dtype_names"], raw["shapes"]
-        except KeyError as exc:
-            raise BadRequest(f"update_info is missing {exc.args[0]!r}", param="update_info") from None
-        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
-            raise BadRequest("update_info names, dtype_names and shapes must be lists", param="update_info")
-        if not len(names) == len(dtypes) == len(shapes):
-            raise BadRequest(
-                f"update_info lists differ in length: {len(names)} names, {len(dtypes)} dtype_names, "
-                f"{len(shapes)} shapes",
-                param="update_info",
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateInfo:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(
+                f"names, dtype_names and shapes differ in length: {len(self.names)}, "
+                f"{len(self.dtype_names)}, {len(self.shapes)}"
             )
-        for dtype in dtypes:
+        for dtype in self.dtype_names:
             torch_dtype(dtype)
-        return cls(
-            names=names,
-            dtype_names=dtypes,
-            shapes=[list(s) for s in shapes],
-            packed=bool(raw.get("packed", False)),
-            packed_buffer_size_bytes=int(
-                raw.get("packed_buffer_size_bytes", DEFAULT_PACKED_BUFFER_SIZE_BYTES)
-            ),
-        )
+        return self
 
 
-def receive_tensors(group, info: UpdateInfo) -> list[torch.Tensor]:
-    """Receive every tensor the trainer broadcasts for `info`, in order (packed or one by one)."""
-    if not info.packed:
+def receive_tensors(group, info: UpdateInfo, wire: InitInfo) -> list[torch.Tensor]:
+    """Receive every tensor the trainer broadcasts for `info`, in order (packed or one by one, as the
+    init handshake agreed)."""
+    if not wire.packed:
         tensors = []
         for dtype, shape in zip(info.dtype_names, info.shapes, strict=True):
             tensor = torch.empty(shape, dtype=torch_dtype(dtype))
@@ -109,10 +139,8 @@ def receive_tensors(group, info: UpdateInfo) -> list[torch.Tensor]:
             tensors.append(tensor)
         return tensors
     tensors: list[torch.Tensor] = [torch.empty(0)] * len(info.names)
-    for chunk in pack_plan(info.dtype_names, info.shapes, info.packed_buffer_size_bytes):
-        sizes = [
-            torch.Size(info.shapes[i]).numel() * torch_dtype(info.dtype_names[i]).itemsize for i in chunk
-        ]
+    for chunk in pack_plan(info.dtype_names, info.shapes, wire.packed_buffer_size_bytes):
+        sizes = [_nbytes(info.dtype_names[i], info.shapes[i]) for i in chunk]
         buffer = torch.empty(sum(sizes), dtype=torch.uint8)
         group.broadcast(buffer, 0).wait()
         for i, part in zip(chunk, torch.split(buffer, sizes), strict=True):
@@ -130,19 +158,14 @@ class WeightReceiver:
         self.scheduler = scheduler
         self.timeout_s = timeout_s
         self._group = None
+        self._wire: InitInfo | None = None
         self._lock = threading.Lock()
         self._staged: dict[str, torch.Tensor] | None = None
         self._failure: str | None = None
 
-    def init(self, init_info: Any) -> None:
-        if not isinstance(init_info, dict):
-            raise BadRequest("init_info must be a JSON object", param="init_info")
-        missing = [
-            k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in init_info
-        ]
-        if missing:
-            raise BadRequest(f"init_info is missing {', '.join(missing)}", param="init_info")
-        rank, world_size = int(init_info["rank_offset"]), int(init_info["world_size"])
+    def init(self, raw_info: Any) -> None:
+        info = InitInfo.parse(raw_info, "init_info")
+        rank, world_size = info.rank_offset, info.world_size
         if not 0 < rank < world_size or rank + self.world_size > world_size:
             raise BadRequest(
                 f"init_info: rank_offset {rank} with this engine's {self.world_size} rank(s) does not fit "
@@ -152,18 +175,19 @@ class WeightReceiver:
         with self._lock:
             try:
                 self._group = gloo_group(
-                    init_info["master_address"], init_info["master_port"], rank, world_size, self.timeout_s
+                    info.master_address, info.master_port, rank, world_size, self.timeout_s
                 )
             except (RuntimeError, ValueError) as exc:
-                raise WeightTransferError(f"cannot join the weight-transfer group: {exc}") from exc
-        log.info("joined weight-transfer group as rank %d of %d", rank, world_size)
+                raise WeightTransferError(
+                    f"cannot join the weight-transfer group at {info.master_address}:{info.master_port} "
+                    f"(is that address reachable from the engine?): {exc}"
+                ) from exc
+            self._wire = info
+        log.info("joined weight-transfer group as rank %d of %d (packed=%s)", rank, world_size, info.packed)
 
-    def start(self, is_checkpoint_format: bool = True) -> None:
-        if not is_checkpoint_format:
-            raise BadRequest(
-                "is_checkpoint_format=false (kernel-format weights) is not supported by the embedded engine",
-                param="is_checkpoint_format",
-            )
+    def start(self) -> None:
+        """vLLM's /start_weight_update takes no arguments (a body such as TRL's
+        `{"is_checkpoint_format": true}` is ignored there and here)."""
         with self._lock:
             if self._group is None:
                 raise WeightTransferStateError(
@@ -172,19 +196,19 @@ class WeightReceiver:
             self._staged, self._failure = {}, None
 
     def update(self, raw_info: Any) -> None:
-        info = UpdateInfo.parse(raw_info)
+        info = UpdateInfo.parse(raw_info, "update_info")
         with self._lock:
             if self._staged is None:
                 raise WeightTransferStateError("call /start_weight_update before /update_weights")
             try:
-                tensors = receive_tensors(self._group, info)
+                tensors = receive_tensors(self._group, info, self._wire)
             except (RuntimeError, ValueError) as exc:
                 # The group is unusable after a broken collective: the trainer must init again. The
                 # trainer may be gone and never send /resume, so serving resumes on the old weights now.
                 self._group, self._failure = None, f"transport failed: {exc}"
                 self.scheduler.resume()
                 log.warning(
-                    "weight transfer broke (%s); serving version %d again", exc, self.scheduler.version
+                    "weight transfer broke (%s); serving %r again", exc, self.scheduler.weight_version
                 )
                 raise WeightTransferError(f"receiving weights failed: {exc}") from exc
             problem = self._check(info, tensors)
@@ -204,9 +228,9 @@ class WeightReceiver:
                 return f"update_info: {name} contains non-finite values"
         return None
 
-    def finish(self) -> int:
-        """Apply the staged weights atomically and return the new version; on a failed update
-        discard them and raise (the old weights stay)."""
+    def finish(self, weight_version: str | None = None) -> None:
+        """Apply the staged weights atomically and, when a tag is given, make it the served weight
+        version (vLLM keeps its tag otherwise); on a failed update discard them and raise."""
         with self._lock:
             staged, failure = self._staged, self._failure
             self._staged, self._failure = None, None
@@ -214,7 +238,8 @@ class WeightReceiver:
             raise WeightTransferStateError("call /start_weight_update before /finish_weight_update")
         if failure is not None:
             raise WeightTransferError(
-                f"weight update discarded, still serving version {self.scheduler.version}: {failure}"
+                f"weight update discarded, still serving weight version {self.scheduler.weight_version!r}: "
+                f"{failure}"
             )
 
         def apply(model: torch.nn.Module) -> None:
@@ -222,4 +247,4 @@ class WeightReceiver:
             for name, tensor in staged.items():
                 params[name].copy_(tensor.to(params[name].dtype))
 
-        return self.scheduler.apply_weights(apply)
+        self.scheduler.apply_weights(apply, weight_version)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,7 +41,10 @@ class TrainRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "tiny"
-    """The policy to train: `tiny` (built locally) or a local Hugging Face model folder."""
+    """The policy to train: `tiny` (built locally), a local Hugging Face model folder, or a Hub id
+    (ORG/NAME, downloaded once into the Hugging Face cache; offline a cached one is used)."""
+    model_revision: str | None = None
+    """Hub revision (branch, tag or commit) of a Hub-id `model`; None: the default branch."""
     server_url: str | None = None
     """A running `harbor serve`; None starts the embedded engine and server in this process."""
     split: str | None = None
@@ -56,6 +59,8 @@ class TrainRun(BaseModel):
     """OpenAI base URL of the engine the agents call (embedded: the started engine)."""
     served_model_name: str | None = None
     """The name the engine serves the policy under (default: `model`, or `tiny`)."""
+    engine_device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Where the embedded engine runs (no `server_url`): `cuda` puts it on the trainer's GPU too."""
     agent_timeout_sec: float = Field(default=120.0, gt=0)
     """Seconds an agent may run in one rollout."""
     eval_episodes: int = Field(default=16, ge=0)
@@ -142,12 +147,14 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
 
 
 @contextlib.contextmanager
-def embedded_engine(model_path: Path, served_name: str) -> Iterator[str]:
+def embedded_engine(model_path: Path, served_name: str, device: str = "cpu") -> Iterator[str]:
     """The embedded engine on 127.0.0.1 (random port) in a background thread; yields its base URL."""
     from engine.in_process import serve_in_thread
     from engine.server import EngineConfig, create_app
 
-    app = create_app(EngineConfig(model=str(model_path), served_model_name=served_name, max_model_len=4096))
+    app = create_app(EngineConfig(
+        model=str(model_path), served_model_name=served_name, max_model_len=4096, device=device
+    ))  # fmt: skip
     with contextlib.ExitStack() as stack:
         try:  # loading a model folder takes a while: more than a test app's start-up allowance
             url = stack.enter_context(serve_in_thread(app, start_timeout_s=120, log_level="warning"))
@@ -226,7 +233,7 @@ def rollout_source(
         llm_url, server_url, split = run.llm_url, run.server_url, run.split
         if server_url is None:
             on_phase(f"starting the embedded engine ({model_path.name}) and server")
-            engine_url = stack.enter_context(embedded_engine(model_path, served))
+            engine_url = stack.enter_context(embedded_engine(model_path, served, run.engine_device))
             llm_url = engine_url + "/v1"
             config = config.model_copy(
                 update={"vllm_server_base_url": engine_url, "weight_sync_backend": "gloo"}
@@ -330,7 +337,7 @@ def run_training(
         )
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    model_path = resolve_model_path(run.model, seed=config.seed)
+    model_path = resolve_model_path(run.model, seed=config.seed, revision=run.model_revision)
     served = run.served_model_name or ("tiny" if run.model == "tiny" else run.model)
 
     def evaluation(name: str, factory, rows, cfg, episodes: int = run.eval_episodes) -> EvalResult:
@@ -358,6 +365,7 @@ def run_training(
         trainer = HarnessAsyncGRPOTrainer(
             model, factory, config, train_dataset=rows, processing_class=tokenizer, step_callback=on_step
         )
+        on_phase(trainer.placement.describe(trainer.model))
         try:
             history = trainer.train(resume_from_checkpoint=True if resume else None)
         finally:

@@ -35,8 +35,10 @@ def test_train_with_a_hub_id_is_one_line_as_the_user_sees_it(tmp_path):
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == [
-        f"harbor train: model '{HUB_ID}' is neither 'tiny' nor a local Hugging Face model folder (no config.json "
-        "there); hub ids are not fetched by the embedded engine: download the folder first",
+        # Hub ids resolve through the Hugging Face cache now (issue 17); none here, and no network.
+        f"harbor train: model {HUB_ID} is not in the Hugging Face cache and the Hub cannot be reached (offline "
+        f"or HF_HUB_OFFLINE=1): fetch it where there is a network with `hf download {HUB_ID}` (same "
+        "HF_HUB_CACHE), or pass a local folder",
         "for the traceback: --debug or HARBOR_DEBUG=1",
     ], done.stderr
 
@@ -44,7 +46,11 @@ def test_train_with_a_hub_id_is_one_line_as_the_user_sees_it(tmp_path):
 @pytest.mark.parametrize(
     ("args", "command", "words"),
     [
-        (["train", "--model", HUB_ID], "train", "neither 'tiny' nor a local Hugging Face model folder"),
+        (
+            ["train", "--model", HUB_ID],
+            "train",
+            "is not in the Hugging Face cache and the Hub cannot be reached",
+        ),
         (
             ["proxy", "--upstream", "ftp://x"],
             "proxy",

@@ -97,6 +97,10 @@ class AsyncGRPOConfig(BaseModel):
     """Seconds to wait for the engine to answer before the first weight sync (TRL's)."""
     weight_sync_backend: Literal["nccl", "gloo"] = "nccl"
     """`nccl` for vLLM on a GPU, `gloo` for the embedded engine."""
+    weight_sync_master_address: str | None = None
+    """Address of this host the engine joins the weight-transfer group at (the rendezvous). None:
+    127.0.0.1 for an engine on this host's loopback, else the host's routable address as vLLM's
+    `get_ip()` finds it (`VLLM_HOST_IP` wins there), which is what TRL uses."""
     weight_sync_steps: int = Field(default=1, ge=1)
     """Push the weights to the engine every this many optimizer steps."""
 
@@ -125,8 +129,12 @@ class AsyncGRPOConfig(BaseModel):
     block-diagonal mask over the whole pack, so attention costs (pack length)^2: measured on an H200
     (bench/trainer_step.py, 185M model, 8 rollouts of up to 20 turns) packed steps ran 0.8x the speed of
     padded ones. Bound packs with `max_tokens_per_batch`, or use a varlen (flash-attention) kernel."""
-    bf16: bool = False
-    """Run forward passes under bfloat16 autocast (weights stay float32)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the policy trains: `auto` is CUDA when torch sees a GPU, else the CPU; `cuda` without a GPU
+    is an error. Under `accelerate launch` each process takes its own GPU (accelerate's placement)."""
+    bf16: bool | None = None
+    """Run forward passes under bfloat16 autocast (weights keep their dtype). None: on with CUDA (TRL's
+    default `bf16=True`), off on the CPU."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
 

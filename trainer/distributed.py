@@ -82,6 +82,12 @@ class Processes(Protocol):
     rank: int
     world_size: int
     is_main: bool
+    device: torch.device
+    """Where this process trains."""
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Put the model on this process's device; call before building the optimizer over it."""
+        ...
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]: ...
     def on_main(self, work: Callable[[], T]) -> T: ...
@@ -103,6 +109,13 @@ class SingleProcess:
     rank = 0
     world_size = 1
     is_main = True
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        # A move may replace the Parameter objects (CPU -> meta does): the optimizer must come after.
+        return model.to(self.device)
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
         return model, optimizer
@@ -170,14 +183,14 @@ def _launched_with_fsdp() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
-def _accelerator(strategy: str):
+def _accelerator(strategy: str, force_cpu: bool = False):
     try:
         from accelerate import Accelerator, FullyShardedDataParallelPlugin
     except ImportError as exc:  # pragma: no cover - accelerate is a dependency
         raise TrainerConfigError(
             "training on several processes needs accelerate: pip install accelerate"
         ) from exc
-    cpu = not torch.cuda.is_available()
+    cpu = force_cpu or not torch.cuda.is_available()
     if strategy == "ddp" and _launched_with_fsdp():
         raise TrainerConfigError(
             "distributed_strategy is 'ddp' but accelerate was launched with FSDP (--use_fsdp); "
@@ -202,16 +215,24 @@ def _accelerator(strategy: str):
 class AcceleratedProcesses:
     """Several processes started by `accelerate launch` or torchrun, joined through `accelerate`."""
 
-    def __init__(self, strategy: str = "auto") -> None:
+    def __init__(self, strategy: str = "auto", device: torch.device | str | None = None) -> None:
         import torch.distributed as dist
 
-        self.accelerator = _accelerator(strategy)
+        force_cpu = device is not None and torch.device(device).type == "cpu"
+        self.accelerator = _accelerator(strategy, force_cpu=force_cpu)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         # Rows, metrics and errors are pickled CPU objects: they travel over gloo even when the
         # gradients use NCCL, so no object is copied through GPU memory.
         self.objects = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # accelerator.prepare places (and under FSDP2 shards) the model itself
 
     @property
     def is_fsdp2(self) -> bool:
@@ -330,7 +351,9 @@ class AcceleratedProcesses:
         self.accelerator.end_training()
 
 
-def processes_from_env(strategy: str = "auto") -> Processes:
-    """`AcceleratedProcesses` when this process was started as one of several, else `SingleProcess`."""
+def processes_from_env(strategy: str = "auto", device: torch.device | str | None = None) -> Processes:
+    """`AcceleratedProcesses` when this process was started as one of several, else `SingleProcess`
+    on `device` (several processes take accelerate's placement: one GPU each, or the CPU if `device`
+    is the CPU)."""
     world_size = max(int(os.environ.get(name, "1") or 1) for name in _WORLD_SIZE_VARS)
-    return AcceleratedProcesses(strategy) if world_size > 1 else SingleProcess()
+    return AcceleratedProcesses(strategy, device) if world_size > 1 else SingleProcess(device or "cpu")

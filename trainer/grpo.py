@@ -26,6 +26,7 @@ alone pushes weights, logs metrics and writes checkpoints. `train()` returns the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import statistics
@@ -41,6 +42,7 @@ import torch
 from trainer.advantages import group_advantages
 from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
 from trainer.config import AsyncGRPOConfig
+from trainer.device import resolve_placement
 from trainer.distributed import Processes, StepShard, idle_batch, processes_from_env, shard_by_tokens
 from trainer.errors import TrainerConfigError
 from trainer.logprobs import token_logprobs
@@ -49,6 +51,7 @@ from trainer.metrics import MetricsLogger
 from trainer.outcome import HarnessRolloutOutcome
 from trainer.packing import Batch, TrainItem, pack, split_by_tokens
 from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
+from trainer.versions import VersionLedger
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,13 @@ class HarnessAsyncGRPOTrainer:
         if not train_dataset:
             raise TrainerConfigError("train_dataset is empty: the trainer needs prompt rows to roll out")
         self.model, tokenizer = _load_model(model)
-        self.processes = processes or processes_from_env(self.args.distributed_strategy)
+        self.placement = resolve_placement(self.args.device, self.args.bf16)
+        self.processes = processes or processes_from_env(
+            self.args.distributed_strategy, self.placement.device
+        )
+        if self.processes.world_size > 1:  # accelerate places each rank on its own device
+            self.placement = dataclasses.replace(self.placement, device=self.processes.device)
+        self.model = self.processes.place(self.model)
         self.module: Any = self.model
         """What forward passes run through: the model, or its DDP/FSDP2 wrapping once `train()` starts."""
         self.tokenizer = processing_class or tokenizer
@@ -111,12 +120,16 @@ class HarnessAsyncGRPOTrainer:
         self.scheduler: Any = None
         self.step = 0
         self.policy_version = 0
+        self.ledger = VersionLedger(self.policy_version)
+        """When each version went live on the engine: dates turns the engine sent no version for."""
         self.weight_sync = weight_sync
         if self.weight_sync is None and self.args.vllm_server_base_url and self.processes.is_main:
             from engine.weight_client import WeightSyncClient
 
             self.weight_sync = WeightSyncClient(
-                self.args.vllm_server_base_url, backend=self.args.weight_sync_backend
+                self.args.vllm_server_base_url,
+                backend=self.args.weight_sync_backend,
+                master_address=self.args.weight_sync_master_address,
             )
         self.worker: RolloutWorker | None = None
         self.metrics_log: MetricsLogger | None = None
@@ -138,6 +151,8 @@ class HarnessAsyncGRPOTrainer:
             self._resume(resolve_checkpoint(args.output_dir, resume_from_checkpoint))
         # After resuming: FSDP2 shards the loaded weights, and DDP starts every rank from rank 0's.
         self.module, self.optimizer = self.processes.prepare(self.model, self.optimizer)
+        self.ledger = VersionLedger(self.policy_version)  # after a resume: its version
+        log.info("%s", self.placement.describe(self.model))
         self.scheduler = self._lr_scheduler()
         syncs = self.processes.on_main(lambda: self.weight_sync is not None)
         if syncs:
@@ -200,8 +215,9 @@ class HarnessAsyncGRPOTrainer:
         )
         factory = self.factory_builder(sampling=sampling_policy(args), **limits)
         self.worker = RolloutWorker(
-            factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn
-        )
+            factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn,
+            ledger=self.ledger,
+        )  # fmt: skip
         self.worker.start()
 
     def _log(self, metrics: dict[str, Any]) -> None:
@@ -249,6 +265,7 @@ class HarnessAsyncGRPOTrainer:
             "buffer_qsize": self.worker.qsize,
             "staleness/dropped_groups": dropped,
             "rollout/failed_total": self.worker.failed_rollouts,
+            "rollout/turns_across_pushes_total": self.worker.turns_across_pushes,
         })  # fmt: skip
         trained = sum(item.row.num_trained_tokens for item in items)
         shards = shard_by_tokens(items, self.processes.world_size)
@@ -353,17 +370,15 @@ class HarnessAsyncGRPOTrainer:
         # Every rank makes as many passes as the busiest one (DDP and FSDP2 pair them up across ranks).
         passes = self.processes.max_int(len(batches))
         batches += [idle_batch(self._pad_id()) for _ in range(passes - len(batches))]
-        autocast = torch.autocast(
-            "cuda" if next(self.model.parameters()).is_cuda else "cpu", dtype=torch.bfloat16
-        )
         device = next(self.model.parameters()).device
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
         # DDP and FSDP2 average gradients over the ranks; the loss is a sum over all of them.
         scale = self.processes.world_size
         for index, batch in enumerate(batches):
             batch = _to(batch, device)
             last = index == len(batches) - 1  # gradients cross ranks once, in the last backward
             with contextlib.nullcontext() if last else self.processes.no_sync(self.module):
-                with autocast if args.bf16 else contextlib.nullcontext():
+                with autocast if self.placement.bf16 else contextlib.nullcontext():
                     lp = token_logprobs(self.module, batch, args.temperature, with_entropy=True)
                 out = grpo_loss(
                     lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
@@ -392,7 +407,11 @@ class HarnessAsyncGRPOTrainer:
     def _sync_weights(self) -> float:
         t0 = time.monotonic()
         named = self.processes.full_parameters(self.model, self.module)  # FSDP2: every rank gathers
-        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named))
+        # The trainer owns the version (as TRL's model_version): each push is the next one, tagged on
+        # the engine; nothing is read back (vLLM reports only the tag it was given).
+        version = self.policy_version + 1
+        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named, version=version))
+        self.ledger.record(self.policy_version)
         return time.monotonic() - t0
 
     # -- checkpoints -----------------------------------------------------------------------------------

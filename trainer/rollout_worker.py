@@ -35,6 +35,7 @@ from capture_proxy.rows import TrainingRow, build_training_rows
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import InvalidCaptureError, RolloutWorkerError
 from trainer.outcome import HarnessRolloutOutcome
+from trainer.versions import VersionLedger
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,13 @@ class RolloutWorker:
         schedule: PromptSchedule,
         version: Callable[[], int],
         rollout_reward_fn: RewardFn | None = None,
+        ledger: VersionLedger | None = None,
     ) -> None:
+        """`ledger` dates the turns an engine sent no version for (vLLM), see trainer.versions."""
         self.factory = session_factory
+        self.ledger = ledger
+        self.turns_across_pushes = 0
+        """Turns whose weights changed while they were sampled (pause(keep) resumed them)."""
         self.dataset = dataset
         self.config = config
         self.schedule = schedule
@@ -358,6 +364,16 @@ class RolloutWorker:
         return self._score(member, verdict.env_reward, verdict.metrics, trace)
 
     def _score(self, member: int, env_reward: float | None, metrics: dict[str, Any], trace: TrainingTrace):
+        if self.ledger is not None:
+            straddling = self.ledger.date_turns(trace)
+            if straddling:
+                with self._lock:
+                    self.turns_across_pushes += len(straddling)
+                log.warning(
+                    "%d turn(s) of a rollout were sampled across a weight push (e.g. %s: v%s -> v%s)",
+                    len(straddling), straddling[0].node_id, straddling[0].metadata.policy_version,
+                    straddling[0].metadata.policy_version_end,
+                )  # fmt: skip
         outcome = HarnessRolloutOutcome.from_verify(env_reward, metrics, trace)
         rows = build_training_rows(trace)  # InvalidTraceError here stops the run (see _rollout)
         reward = self.reward_fn(outcome) if self.reward_fn is not None else env_reward

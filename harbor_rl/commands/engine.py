@@ -1,4 +1,4 @@
-"""`harbor engine`: serve a model with vLLM's OpenAI dialect and weight-transfer endpoints, on CPU."""
+"""`harbor engine`: serve a model with vLLM's OpenAI dialect and weight-transfer endpoints (CPU or CUDA)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ def register(app: typer.Typer) -> None:
     @app.command("engine")
     def engine(
         model: str = typer.Option(
-            "tiny", "--model", help="'tiny' (built locally, offline) or a local HF model folder."
+            "tiny", "--model", help="'tiny' (built locally, offline), a local HF model folder, or a Hub id."
         ),
+        revision: str | None = typer.Option(None, "--revision", help="Hub revision of a Hub-id --model."),
         port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
         host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind."),
         seed: int = typer.Option(0, "--seed", help="Seed of the tiny model (same seed, same weights)."),
@@ -29,15 +30,23 @@ def register(app: typer.Typer) -> None:
         max_batch_size: int = typer.Option(
             64, "--max-batch-size", help="Sequences decoded together per step."
         ),
+        device: str = typer.Option(
+            "cpu", "--device", help="cpu, cuda (the current GPU) or auto (cuda when there is a GPU)."
+        ),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     ) -> None:
         """Serve MODEL like `vllm serve` does (chat, completions, logprobs, token ids, weight sync over gloo)."""
         import uvicorn
 
-        from engine.errors import ModelBuildError
+        from engine.config import engine_device
+        from engine.errors import EngineConfigError, ModelBuildError
         from engine.server import EngineConfig, create_app
 
+        if device not in ("auto", "cpu", "cuda"):
+            raise typer.BadParameter(f"--device {device!r}: expected auto, cpu or cuda")
         config = EngineConfig(
+            device=device,
+            revision=revision,
             model=model,
             served_model_name=served_model_name,
             seed=seed,
@@ -47,6 +56,7 @@ def register(app: typer.Typer) -> None:
             max_batch_size=max_batch_size,
         )
         try:  # fail fast with a clear message instead of a traceback from the server's start-up
+            engine_device(device)
             if model == "tiny":
                 from engine.tiny_model import build_tiny_model
 
@@ -54,8 +64,8 @@ def register(app: typer.Typer) -> None:
             else:
                 from engine.tiny_model import resolve_model_path
 
-                resolve_model_path(model, seed)
-        except ModelBuildError as exc:
+                resolve_model_path(model, seed, revision=revision)
+        except (ModelBuildError, EngineConfigError) as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
         uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)

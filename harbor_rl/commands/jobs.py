@@ -67,7 +67,8 @@ def register(app: typer.Typer) -> None:
     @jobs_app.command("launch")
     def launch(
         config: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags win."),
-        image: str | None = typer.Option(None, "--image", help="Trainer image the Hub pulls (docker/trainer/)."),
+        image: str | None = typer.Option(None, "--image", help="Your own image with harbor-rl and vLLM (docker/trainer/); default: vLLM's official image, harbor-rl installed at start."),
+        install: str | None = typer.Option(None, "--install", help="pip requirement installed on the stock image at start (default: this harbor-rl release)."),
         flavor: str | None = typer.Option(None, "--flavor", help="Hardware flavour, e.g. h200x2 (2+ GPUs for vLLM)."),
         timeout: str | None = typer.Option(None, "--timeout", help="Most the job may run: seconds or e.g. 30m, 6h, 1d."),
         model: str | None = typer.Option(None, "--model", help="Hub model id (downloaded on the job) or a folder there."),
@@ -80,6 +81,8 @@ def register(app: typer.Typer) -> None:
         engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra engine argument. Repeatable."),
         secret: list[str] = typer.Option([], "--secret", help="Extra secret NAME from your environment. Repeatable."),
         volume: str | None = typer.Option(None, "--volume", help="Hub bucket namespace/name mounted at /data; outputs go there."),
+        push_to_hub: str | None = typer.Option(None, "--push-to-hub", help="Hub model repo namespace/name: the final checkpoint, metrics and trace summary are uploaded before the job ends."),
+        push_all_checkpoints: bool = typer.Option(False, "--push-all-checkpoints", help="With --push-to-hub: every saved checkpoint, not only the last."),
         namespace: str | None = typer.Option(None, "--namespace", help="Run the job in this user or org."),
         name: str | None = typer.Option(None, "--name", help="Run name (job name and label); default harbor-<time>-<hex>."),
         public_url: str | None = typer.Option(None, "--public-url", help="URL E2B sandboxes reach the capture port at (default: the job's)."),
@@ -97,16 +100,13 @@ def register(app: typer.Typer) -> None:
             "image": image, "flavor": flavor, "timeout": timeout, "model": model,
             "served_model_name": served_model_name, "dataset": dataset, "split": split, "harness": harness,
             "sandbox": sandbox, "secrets": secret, "volume": volume, "namespace": namespace, "run_name": name,
-            "public_url": public_url,
+            "public_url": public_url, "install": install, "push_to_hub": push_to_hub,
+            "push_all_checkpoints": push_all_checkpoints or None,
         }  # fmt: skip
         data = merge_settings(
             _read_yaml(config) if config else {}, flags, _key_values(set_, "--set", parse=True),
             _key_values(env, "--env", parse=False), engine, engine_arg,
         )  # fmt: skip
-        if "image" not in data:
-            raise _fail(
-                "give --image (or `image:` in --config): the trainer image, see docker/trainer/README.md"
-            )
         try:
             launch_config = load_launch_config(data)
             spec, missing = build_job_spec(launch_config, os.environ, require_secrets=not dry_run)

@@ -15,7 +15,7 @@ FLAG_SETTINGS = {
     "--model": "model", "--server-url": "server_url", "--split": "split", "--task": "tasks",
     "--harness": "harness", "--sandbox": "sandbox", "--llm-url": "llm_url", "--output-dir": "output_dir",
     "--max-steps": "max_steps", "--num-generations": "num_generations", "--learning-rate": "learning_rate",
-    "--eval-episodes": "eval_episodes",
+    "--eval-episodes": "eval_episodes", "--device": "device",
 }  # fmt: skip
 """Each flag of `harbor train` and the setting (TrainRun or AsyncGRPOConfig field) it sets."""
 
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             None, "--config", help="YAML file of settings (AsyncGRPOConfig fields and run fields); flags win."
         ),
         model: str | None = typer.Option(
-            None, "--model", help="'tiny' or a local Hugging Face model folder."
+            None, "--model", help="'tiny', a local Hugging Face model folder, or a Hub id (ORG/NAME)."
         ),
         server_url: list[str] = typer.Option(
             [],
@@ -147,6 +147,9 @@ def register(app: typer.Typer) -> None:
         eval_episodes: int | None = typer.Option(
             None, "--eval-episodes", help="Episodes before and after (0: none)."
         ),
+        device: str | None = typer.Option(
+            None, "--device", help="Where the policy trains: auto (CUDA when there is a GPU), cpu or cuda."
+        ),
         set_: list[str] = typer.Option(
             [], "--set", help="Any other setting as KEY=VALUE (YAML value). Repeatable."
         ),
@@ -161,6 +164,7 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from harbor_rl.train_pipeline import CODING_DEFAULTS, EMBEDDED_DEFAULTS, run_training, split_settings
+        from trainer.device import resolve_device
         from trainer.errors import TrainerError
 
         # Under accelerate launch or torchrun every rank runs this; rank 0 alone reports.
@@ -178,6 +182,7 @@ def register(app: typer.Typer) -> None:
             "model": model, "server_url": ",".join(server_url) or None, "split": split, "tasks": task or None, "harness": harness,
             "sandbox": sandbox, "llm_url": llm_url, "output_dir": output_dir, "max_steps": max_steps,
             "num_generations": num_generations, "learning_rate": learning_rate, "eval_episodes": eval_episodes,
+            "device": device,
         }  # fmt: skip
         data.update({k: v for k, v in flags.items() if v is not None})
         data.update(_parse_set(set_))
@@ -194,6 +199,7 @@ def register(app: typer.Typer) -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         try:
             run, grpo = split_settings(data)
+            resolve_device(grpo.device)  # a GPU asked for and missing fails before anything starts
         except TrainerError as exc:
             raise typer.BadParameter(str(exc)) from exc
 

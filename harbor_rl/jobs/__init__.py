@@ -1,11 +1,11 @@
 """Launch training runs on Hugging Face Jobs (`harbor jobs ...`) and run them there.
 
-    config = load_launch_config({"image": "org/harbor-rl-trainer:0.1.0", "model": "Qwen/Qwen3-1.7B"})
+    config = load_launch_config({"model": "Qwen/Qwen3-1.7B", "push_to_hub": "me/run-out"})  # stock image
     spec, missing = build_job_spec(config, os.environ)      # what HfApi.run_job gets
     print(render_dry_run(config, spec, missing))            # `harbor jobs launch --dry-run`
 
 On the job, `run_on_host(config.run_config())` starts the engine, `harbor serve` and `harbor train`
-(`build_plan` says how) and stops them in reverse order. Nothing here imports the trainer: the
+(`build_plan` says how), stops them in reverse order and pushes the outputs (`outputs.push_outputs`). Nothing here imports the trainer: the
 trainer and server run as `harbor` subprocesses.
 """
 

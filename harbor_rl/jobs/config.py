@@ -18,6 +18,11 @@ from harbor_rl.jobs.errors import JobConfigError
 from tasks.datasets import split_name
 
 HF_TOKEN, E2B_API_KEY = "HF_TOKEN", "E2B_API_KEY"
+STOCK_IMAGE = "vllm/vllm-openai:v0.33.0"
+"""The image a job runs on without `--image`: vLLM's official one at the top of the range pyproject pins
+(vLLM, torch and CUDA in it), with harbor-rl installed at job start. The TRL guide's Jobs launcher
+(trl examples/async_grpo_harbor/async_grpo_harbor_hf_jobs.py) likewise runs on a stock image
+(`huggingface/trl`) and installs what it needs when the job starts."""
 RUN_LABEL = "harbor-run"
 """Job label holding the run name; the launcher finds its own job (and public URL) by it."""
 
@@ -40,6 +45,15 @@ _LAUNCHER_OWNED = {
     "sandbox": "sandbox",
     "output_dir": "output_dir",
 }
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("harbor-rl")
+    except PackageNotFoundError:  # a source tree without an install
+        return "0.1.0"
 
 
 def new_run_name() -> str:
@@ -133,6 +147,13 @@ class RunConfig(BaseModel):
     """Seconds `harbor serve` gets to answer GET /health."""
     trainer: dict[str, Any] = Field(default_factory=dict)
     """More `harbor train` settings (AsyncGRPOConfig and run fields), passed as `--set KEY=VALUE`."""
+    push_to_hub: str | None = None
+    """Hub model repo (`namespace/name`) the outputs are uploaded to before the job ends: the final
+    checkpoint, the metrics and the trace store's summary (created if missing)."""
+    push_all_checkpoints: bool = False
+    """Upload every saved `checkpoint-*` folder, not only the last one."""
+    hub_private: bool = True
+    """Create the `push_to_hub` repo private (an existing repo keeps its visibility)."""
 
     @field_validator("run_name")
     @classmethod
@@ -153,6 +174,13 @@ class RunConfig(BaseModel):
     def _http_url(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError(f"{v!r} must start with http:// or https://")
+        return v
+
+    @field_validator("push_to_hub")
+    @classmethod
+    def _repo_id(cls, v: str | None) -> str | None:
+        if v is not None and not _REPO_ID.match(v):
+            raise ValueError(f"push_to_hub {v!r}: give a model repo as namespace/name")
         return v
 
     @field_validator("trainer")
@@ -204,8 +232,12 @@ class RunConfig(BaseModel):
 class LaunchConfig(RunConfig):
     """A job on Hugging Face Jobs: where and how long it runs, plus the run itself."""
 
-    image: str
-    """The trainer image (docker/trainer/), pushed where the Hub can pull it."""
+    image: str | None = None
+    """An image of your own with harbor-rl and vLLM in it (docker/trainer/), pushed where the Hub can pull
+    it. None: `STOCK_IMAGE`, with `install` run at job start."""
+    install: str = Field(default_factory=lambda: f"harbor-rl[e2b]=={_version()}")
+    """What `pip install` gets on the stock image before the run (a requirement: this release by default,
+    or e.g. `harbor-rl[e2b] @ git+https://...`); unused with your own `image`."""
     flavor: str = "h200x2"
     """Hardware flavour (`harbor jobs launch --help` lists them); vLLM needs a flavour with 2+ GPUs."""
     timeout: str = "2h"
@@ -285,6 +317,10 @@ class LaunchConfig(RunConfig):
         if self.output_dir is None and self.volume is not None:
             self.output_dir = f"{self.volume_mount.rstrip('/')}/harbor-runs/{self.run_name}"
         return self
+
+    @property
+    def job_image(self) -> str:
+        return self.image or STOCK_IMAGE
 
     @property
     def required_secrets(self) -> list[str]:

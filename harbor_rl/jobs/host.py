@@ -1,5 +1,6 @@
 """`harbor jobs run-on-host`: what the job's command runs. Fetch the model, find the URL sandboxes call
-the model at, then run the plan (engine on GPU 0, `harbor serve`, `harbor train` on the other GPUs)."""
+the model at, then run the plan (engine on GPU 0, `harbor serve`, `harbor train` on the other GPUs), and push the
+outputs to the Hub when `push_to_hub` names a repo."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from harbor_rl.jobs import hub
 from harbor_rl.jobs.config import RunConfig
 from harbor_rl.jobs.launcher import run_plan, say
+from harbor_rl.jobs.outputs import push_outputs
 from harbor_rl.jobs.plan import build_plan, model_location
 
 
@@ -27,4 +29,8 @@ def run_on_host(
         public_url = hub.find_public_url(hub.make_api(), config)
         on_event(f"E2B sandboxes reach the capture port at {public_url}")
     plan = build_plan(config, model_path=model_path, public_url=public_url)
-    return run_plan(plan, work / "logs", echo=echo, on_event=on_event, grace_s=grace_s)
+    try:
+        return run_plan(plan, work / "logs", echo=echo, on_event=on_event, grace_s=grace_s)
+    finally:  # also after a failure or a cancel: what the run produced outlives the container
+        if config.push_to_hub:
+            push_outputs(hub.make_api(), config, on_event)

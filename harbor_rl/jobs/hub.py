@@ -23,7 +23,7 @@ def make_api() -> HfApi:
     return HfApi()
 
 
-def _hub_call(what: str, call: Callable[[], T]) -> T:
+def hub_call(what: str, call: Callable[[], T]) -> T:
     """Run one Hub call; its HTTP and lookup errors become a HubError that says what failed."""
     from huggingface_hub.errors import HfHubHTTPError, JobNotFoundError, LocalTokenNotFoundError
 
@@ -40,15 +40,15 @@ def _hub_call(what: str, call: Callable[[], T]) -> T:
 
 
 def launch(api: HfApi, spec: JobSpec) -> JobInfo:
-    return _hub_call("launching the job", lambda: api.run_job(**spec.run_job_kwargs()))
+    return hub_call("launching the job", lambda: api.run_job(**spec.run_job_kwargs()))
 
 
 def status(api: HfApi, job_id: str, namespace: str | None = None) -> JobInfo:
-    return _hub_call(f"inspecting job {job_id}", lambda: api.inspect_job(job_id=job_id, namespace=namespace))
+    return hub_call(f"inspecting job {job_id}", lambda: api.inspect_job(job_id=job_id, namespace=namespace))
 
 
 def cancel(api: HfApi, job_id: str, namespace: str | None = None) -> None:
-    _hub_call(f"cancelling job {job_id}", lambda: api.cancel_job(job_id=job_id, namespace=namespace))
+    hub_call(f"cancelling job {job_id}", lambda: api.cancel_job(job_id=job_id, namespace=namespace))
 
 
 def logs(
@@ -56,11 +56,11 @@ def logs(
 ) -> Iterator[str]:
     """The job's log lines; with `follow`, streamed until the job ends."""
     what = f"fetching the logs of job {job_id}"
-    lines = _hub_call(
+    lines = hub_call(
         what, lambda: iter(api.fetch_job_logs(job_id=job_id, namespace=namespace, follow=follow, tail=tail))
     )
     while True:  # fetch_job_logs is lazy: errors surface while iterating, so each step is wrapped
-        line = _hub_call(what, lambda: next(lines, None))
+        line = hub_call(what, lambda: next(lines, None))
         if line is None:
             return
         yield line
@@ -92,7 +92,7 @@ def find_public_url(api: HfApi, config: RunConfig, *, timeout_s: float = 120.0, 
     deadline = time.monotonic() + timeout_s
     marker = f"--{config.capture_port}."
     while True:
-        jobs = _hub_call(
+        jobs = hub_call(
             "looking up this job",
             lambda: list(
                 api.list_jobs(
@@ -116,4 +116,4 @@ def download_model(repo_id: str, local_dir: str) -> str:
     """The model's files into LOCAL_DIR (HF_TOKEN from the job's secrets serves gated models)."""
     from huggingface_hub import snapshot_download
 
-    return _hub_call(f"downloading {repo_id}", lambda: snapshot_download(repo_id, local_dir=local_dir))
+    return hub_call(f"downloading {repo_id}", lambda: snapshot_download(repo_id, local_dir=local_dir))

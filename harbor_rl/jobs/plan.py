@@ -101,7 +101,16 @@ def server_spec(config: RunConfig, public_url: str | None) -> ProcessSpec:
 
 
 def trainer_spec(config: RunConfig, model_path: str) -> ProcessSpec:
-    argv = ["harbor", "train", "--server-url", config.server_url, "--llm-url", f"{config.engine_url}/v1",
+    gpus = config.num_gpus or 1
+    trainer_gpus = max(gpus - 1, 1)  # GPU 0 is the engine's
+    # One trainer GPU: one process. More (beside vLLM on GPU 0): one process per GPU under accelerate,
+    # which the trainer's distributed_strategy `auto` shards with FSDP2 (trainer/distributed.py). The
+    # embedded engine's smoke runs stay one CPU process.
+    launcher = (
+        ["accelerate", "launch", "--multi_gpu", "--num_processes", str(trainer_gpus), "-m", "harbor_rl"]
+        if trainer_gpus > 1 and config.engine.kind == "vllm" else ["harbor"]
+    )  # fmt: skip
+    argv = [*launcher, "train", "--server-url", config.server_url, "--llm-url", f"{config.engine_url}/v1",
             "--model", model_path, "--split", str(config.split), "--harness", config.harness,
             "--sandbox", config.sandbox, "--output-dir", config.resolved_output_dir,
             "--set", f"served_model_name={json.dumps(config.served_name)}"]  # fmt: skip
@@ -109,7 +118,6 @@ def trainer_spec(config: RunConfig, model_path: str) -> ProcessSpec:
         argv += ["--set", "weight_sync_backend=gloo"]  # the embedded engine syncs over gloo, on CPU
     for key, value in config.trainer.items():
         argv += ["--set", f"{key}={json.dumps(value)}"]  # JSON is YAML, which --set parses
-    gpus = config.num_gpus or 1
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(1, gpus))}
     return ProcessSpec(name="trainer", argv=argv, env=env, unset=(E2B_API_KEY,))
 

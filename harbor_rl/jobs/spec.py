@@ -95,8 +95,7 @@ def build_job_spec(
             f"secret(s) {', '.join(missing)} not set in your environment{why}: export them first "
             f"(e.g. `export {missing[0]}=...`{'; or `hf auth login`' if missing[0] == HF_TOKEN else ''})"
         )
-    run = config.run_config()
-    command = ["harbor", "jobs", "run-on-host", "--config-json", run.model_dump_json(exclude_none=True)]
+    command = job_command(config)
     env = {"PYTHONUNBUFFERED": "1", **config.env}
     _refuse_leaks(values, env, command)
     volumes = (
@@ -105,7 +104,7 @@ def build_job_spec(
         else []
     )
     spec = JobSpec(
-        image=config.image,
+        image=config.job_image,
         command=command,
         flavor=config.flavor,
         timeout=config.timeout,
@@ -122,6 +121,22 @@ def build_job_spec(
     return spec, missing
 
 
+def job_command(config: LaunchConfig) -> list[str]:
+    """`harbor jobs run-on-host` with the run's settings; on the stock image, after installing harbor-rl
+    (the job's `command` replaces the image's entrypoint, e.g. vLLM's `vllm serve`)."""
+    run = [
+        "harbor",
+        "jobs",
+        "run-on-host",
+        "--config-json",
+        config.run_config().model_dump_json(exclude_none=True),
+    ]
+    if config.image is not None:
+        return run
+    install = f"python3 -m pip install --no-cache-dir {shlex.quote(config.install)}"
+    return ["bash", "-c", f"{install} && exec {shlex.join(run)}"]
+
+
 def _refuse_leaks(values: Mapping[str, SecretStr], env: Mapping[str, str], command: list[str]) -> None:
     """A secret value in the plain env or the command would be visible to anyone who can read the job."""
     for name, secret in values.items():
@@ -132,6 +147,13 @@ def _refuse_leaks(values: Mapping[str, SecretStr], env: Mapping[str, str], comma
             raise JobConfigError(
                 f"the value of {name} appears in the job's env or command; pass it only as a secret"
             )
+
+
+def _kept_where(config: LaunchConfig) -> str:
+    places = [f"hf.co/{config.push_to_hub}"] if config.push_to_hub else []
+    if config.volume:
+        places.append(f"bucket {config.volume} ({config.resolved_output_dir})")
+    return ", ".join(places) or "LOST when the job ends (give --push-to-hub REPO or --volume BUCKET)"
 
 
 def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> str:
@@ -145,7 +167,8 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
     ]
     lines = [
         "Hugging Face job (dry run: nothing is sent to the Hub)",
-        f"  image:     {spec.image}",
+        f"  image:     {spec.image}"
+        + ("" if config.image else f"  (stock; at start: pip install {config.install})"),
         f"  flavor:    {spec.flavor} ({gpu_count(spec.flavor)} GPUs)",
         f"  timeout:   {spec.timeout}",
         f"  namespace: {spec.namespace or '(your user)'}",
@@ -153,7 +176,8 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
         f"  labels:    {', '.join(f'{k}={v}' for k, v in spec.labels.items())}",
         f"  env:       {', '.join(f'{k}={v}' for k, v in spec.env.items())}",
         f"  secrets:   {', '.join(secret_names)}  (names only; values come from your environment)",
-        f"  volumes:   {', '.join(f'{v.type} {v.source} -> {v.mount_path}' for v in spec.volumes) or '(none: outputs are lost when the job ends)'}",
+        f"  volumes:   {', '.join(f'{v.type} {v.source} -> {v.mount_path}' for v in spec.volumes) or '(none)'}",
+        f"  outputs:   {_kept_where(config)}",
         f"  expose:    {', '.join(f'{p} (public: capture port for E2B sandboxes)' for p in spec.expose_public) or '(none)'}",
         f"  command:   {shlex.join(spec.command)}",
         "",
@@ -172,5 +196,11 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
         lines.append(f"  {step}. {process.name}: {process.shell()}{wait}")
         step += 1
     lines.append("  then, and on any failure or cancel: stop trainer, server, engine (in that order)")
+    if run.push_to_hub:
+        which = "every checkpoint-*" if run.push_all_checkpoints else "the last checkpoint-*"
+        lines.append(
+            f"  then push to hf.co/{run.push_to_hub} ({'private' if run.hub_private else 'public'} if new): "
+            f"{which}, metrics.jsonl, trace_summary.json (huggingface_hub create_commit)"
+        )
     lines.append(f"  logs: {run.work_dir}/logs/<name>.log; outputs: {run.resolved_output_dir}")
     return "\n".join(lines)

@@ -1,10 +1,12 @@
 """A separate trainer process for the weight-sync tests: loads the tiny model, changes it, and pushes
 it to the engine with `engine.weight_client` over gloo. Prints one JSON line with the outcome.
 
-    python -m tests.engine.push_weights MODEL_DIR ENGINE_URL {good|bad-shape|twice|die}
+    python -m tests.engine.push_weights MODEL_DIR ENGINE_URL {good|bad-shape|twice|plain|small-chunks|die}
 
-`twice` pushes two versions through one transfer group, the second one packed. `die` pauses the engine,
-starts an update, broadcasts half the tensors and exits hard: a trainer crashing mid-update.
+Pushes are packed (TRL's `packed: true` in init_info) unless the mode says otherwise. `twice` pushes
+versions 1 and 2 through one transfer group; `plain` sends one tensor per broadcast; `small-chunks`
+packs into 64 KiB buffers, so the model travels as many chunks cut the way vLLM cuts them. `die` pauses
+the engine, starts an update, broadcasts half the tensors and exits hard: a trainer crashing mid-update.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def perturbed(model_dir: str, step: int = 1) -> torch.nn.Module:
 
 
 def die_mid_update(url: str, named: list[tuple[str, torch.Tensor]]) -> None:
-    sync = WeightSyncClient(url, backend="gloo", timeout_s=60)
+    sync = WeightSyncClient(url, backend="gloo", timeout_s=60, packed=False)
     sync.init_transfer()
     sync._call("POST", "/pause", params={"mode": "keep"})
     sync._call("POST", "/start_weight_update", json={"is_checkpoint_format": True})
@@ -42,10 +44,9 @@ def die_mid_update(url: str, named: list[tuple[str, torch.Tensor]]) -> None:
         "names": [n for n, _ in named],
         "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
         "shapes": [list(t.shape) for _, t in named],
-        "packed": False,
     }
     sync._in_background("/update_weights", {"update_info": info})
-    sync.transport.send([t.detach().contiguous() for _, t in named[: len(named) // 2]], info)
+    sync.transport.send([(n, t.detach().contiguous()) for n, t in named[: len(named) // 2]], info)
     print(json.dumps({"died_after": len(named) // 2}), flush=True)
     os._exit(0)
 
@@ -60,12 +61,12 @@ def main() -> None:
         named[3] = (name, torch.zeros(param.shape[0] + 1, *param.shape[1:]))
     if mode == "die":
         die_mid_update(url, named)
-    with WeightSyncClient(url, backend="gloo", timeout_s=60) as sync:
+    options = {"plain": {"packed": False}, "small-chunks": {"packed_buffer_size_bytes": 64 * 1024}}
+    with WeightSyncClient(url, backend="gloo", timeout_s=60, **options.get(mode, {})) as sync:
         try:
-            versions = [sync.push(named)]
+            versions = [sync.push(named, version=1)]
             if mode == "twice":
-                sync.packed = True
-                versions.append(sync.push(perturbed(model_dir, step=2).named_parameters()))
+                versions.append(sync.push(perturbed(model_dir, step=2).named_parameters(), version=2))
         except WeightSyncError as exc:
             print(json.dumps({"error": str(exc)}))
             return

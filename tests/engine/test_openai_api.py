@@ -65,7 +65,7 @@ def test_chat_with_tools_returns_token_ids_logprobs_and_version(client, referenc
         model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=12, temperature=0.8,
         logprobs=True, top_logprobs=3, extra_body=IDS,
     )  # fmt: skip
-    assert raw.headers["x-policy-version"] == "0"
+    assert raw.headers["x-policy-version"] == "default"
     resp = raw.parse()
     extra = resp.model_extra
     _, tokenizer = reference
@@ -149,7 +149,7 @@ def test_chat_stream_matches_the_non_streamed_call(client):
     with client.chat.completions.with_streaming_response.create(
         **body, stream=True, stream_options={"include_usage": True}, extra_body=IDS
     ) as raw:
-        assert raw.headers["x-policy-version"] == "0"
+        assert raw.headers["x-policy-version"] == "default"
         chunks = list(raw.parse())
     assert chunks[0].model_extra["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -247,7 +247,7 @@ def test_malformed_body_is_400_naming_the_field(engine):
     r = httpx.post(f"{engine.v1}/chat/completions", json={"model": "tiny", "messages": "hi"})
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "BadRequestError" and "messages" in r.json()["error"]["message"]
-    assert r.headers["x-policy-version"] == "0"
+    assert r.headers["x-policy-version"] == "default"
 
 
 def test_a_client_that_hangs_up_stops_its_generation(engine):

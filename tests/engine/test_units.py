@@ -70,5 +70,6 @@ def test_processed_logprobs_apply_temperature_then_truncation():
 def test_pack_plan_groups_tensors_up_to_the_buffer_size():
     dtypes = ["float32", "float32", "bfloat16", "float32"]
     shapes = [[4], [4], [16], [100]]  # 16, 16, 32, 400 bytes
-    assert pack_plan(dtypes, shapes, 40) == [[0, 1], [2], [3]]
+    # vLLM's pack_tensors: a chunk closes once it EXCEEDS the buffer (16 + 16 + 32 = 64 > 40).
+    assert pack_plan(dtypes, shapes, 40) == [[0, 1, 2], [3]]
     assert pack_plan(dtypes, shapes, 10_000) == [[0, 1, 2, 3]]

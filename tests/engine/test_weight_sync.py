@@ -51,21 +51,23 @@ def expected_greedy(model: torch.nn.Module, n: int = 8) -> list[int]:
     return ids[len(PROMPT) :]
 
 
-def state(url: str) -> tuple[int, bool]:
+def state(url: str) -> tuple[str, bool]:
     version = httpx.get(f"{url}/weight_info").json()["weight_version"]
     return version, httpx.get(f"{url}/is_paused").json()["is_paused"]
 
 
-def test_push_changes_outputs_and_version(fresh_engine, tiny_dir, reference):
+def test_push_changes_outputs_and_tags_the_trainers_version(fresh_engine, tiny_dir, reference):
     before, _, version = greedy(fresh_engine.url)
-    assert version == "0" and before == expected_greedy(reference[0])
+    # vLLM's tag before any trainer named one (vllm/v1/engine/core.py).
+    assert version == "default" and state(fresh_engine.url) == ("default", False)
+    assert before == expected_greedy(reference[0])
     assert httpx.get(f"{fresh_engine.url}/get_world_size").json() == {"world_size": 1}
 
     assert push(tiny_dir, fresh_engine.url, "good") == {"versions": [1]}
 
     after, logprobs, version = greedy(fresh_engine.url)
     new_model = perturbed(str(tiny_dir))
-    assert version == "1" and state(fresh_engine.url) == (1, False)
+    assert version == "1" and state(fresh_engine.url) == ("1", False)
     assert after != before and after == expected_greedy(new_model)
     # Served logprobs now come from the new weights (greedy: log-softmax of the raw logits).
     with torch.no_grad():
@@ -74,19 +76,25 @@ def test_push_changes_outputs_and_version(fresh_engine, tiny_dir, reference):
     assert logprobs == pytest.approx(expected.tolist(), abs=1e-5)
 
 
-def test_two_pushes_in_one_group_plain_then_packed(fresh_engine, tiny_dir):
+def test_two_packed_pushes_in_one_group(fresh_engine, tiny_dir):
     assert push(tiny_dir, fresh_engine.url, "twice") == {"versions": [1, 2]}
     after, _, version = greedy(fresh_engine.url)
     assert version == "2" and after == expected_greedy(perturbed(str(tiny_dir), step=2))
 
 
-def test_failed_update_keeps_old_weights_and_resumes(fresh_engine, tiny_dir):
+@pytest.mark.parametrize("mode", ["plain", "small-chunks"])
+def test_plain_and_many_chunk_pushes_arrive_whole(fresh_engine, tiny_dir, mode):
+    assert push(tiny_dir, fresh_engine.url, mode) == {"versions": [1]}
+    assert greedy(fresh_engine.url)[0] == expected_greedy(perturbed(str(tiny_dir)))
+
+
+def test_failed_update_keeps_old_weights_and_tag_and_resumes(fresh_engine, tiny_dir):
     before, before_logprobs, _ = greedy(fresh_engine.url)
     outcome = push(tiny_dir, fresh_engine.url, "bad-shape")
     assert "has shape" in outcome["error"]
-    assert state(fresh_engine.url) == (0, False)
+    assert state(fresh_engine.url) == ("default", False)
     after, after_logprobs, version = greedy(fresh_engine.url)
-    assert (after, after_logprobs, version) == (before, before_logprobs, "0")
+    assert (after, after_logprobs, version) == (before, before_logprobs, "default")
 
 
 def test_trainer_dying_mid_update_leaves_old_weights_and_resumes(fresh_engine, tiny_dir):
@@ -95,10 +103,10 @@ def test_trainer_dying_mid_update_leaves_old_weights_and_resumes(fresh_engine, t
     deadline = time.monotonic() + 60
     while state(fresh_engine.url)[1] and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert state(fresh_engine.url) == (0, False)
-    assert greedy(fresh_engine.url) == (before, before_logprobs, "0")
+    assert state(fresh_engine.url) == ("default", False)
+    assert greedy(fresh_engine.url) == (before, before_logprobs, "default")
     r = httpx.post(f"{fresh_engine.url}/finish_weight_update")  # what a surviving trainer would send
-    assert r.status_code == 500 and "still serving version 0" in r.json()["error"]["message"]
+    assert r.status_code == 500 and "still serving weight version 'default'" in r.json()["error"]["message"]
 
 
 def test_endpoints_out_of_order_are_409(fresh_engine):

@@ -9,6 +9,7 @@ import torch
 
 from engine.tiny_model import build_tiny_model, load_model_and_tokenizer
 from tests.engine.conftest import Engine, engine_app, serve
+from tests.proxy.conftest import imitation, proxy, store  # noqa: F401 (the proxy fixtures, for test_versions)
 
 
 @pytest.fixture(scope="session", autouse=True)

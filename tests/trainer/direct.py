@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from capture_proxy.models import TrainingTrace
+from capture_proxy.recording import parse_policy_version
 from harbor_server.client import VerifyResult
 
 
@@ -78,7 +79,7 @@ class DirectSessionFactory:
                 "loss_mask": [0] * len(prompt) + [1] * len(completion),
                 "request": {"prompt": prompt}, "response": {"choices": [{"text": choice["text"]}]},
                 "metadata": {"endpoint": "completions", "sampling": body,
-                             "policy_version": int(response.headers["x-policy-version"])},
+                             "policy_version": parse_policy_version(response.headers["x-policy-version"])},
             }],
             "task_id": str(task.get("task_id")),
         })  # fmt: skip

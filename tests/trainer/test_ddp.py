@@ -118,7 +118,7 @@ def _launch(engine_url: str, model_dir: Path, out_dir: Path) -> subprocess.Compl
 
 def test_two_cpu_ranks_take_a_step_and_sync_weights(fresh_engine, tiny_dir, tiny_model, tmp_path) -> None:
     initial = {name: p.detach().clone() for name, p in tiny_model[0].named_parameters()}
-    version_before = fresh_engine.scheduler.version
+    assert fresh_engine.scheduler.weight_version == "default"  # a fresh engine: vLLM's initial tag
     run = _launch(fresh_engine.url, tiny_dir, tmp_path)
     assert run.returncode == 0, run.stdout[-6000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -134,9 +134,10 @@ def test_two_cpu_ranks_take_a_step_and_sync_weights(fresh_engine, tiny_dir, tiny
     assert [json.loads(line)["step"] for line in lines] == [1]
     assert (tmp_path / "run" / "checkpoint-1" / "model.safetensors").is_file()
 
-    # The engine took one push before the step (so it serves the trainer's weights) and one after it.
-    assert fresh_engine.scheduler.version == version_before + 2
-    assert ranks[0]["policy_version"] == ranks[1]["policy_version"] == version_before + 2
+    # The engine took one push before the step (so it serves the trainer's weights) and one after it,
+    # each tagged with the trainer's version.
+    assert fresh_engine.scheduler.weight_version == "2"
+    assert ranks[0]["policy_version"] == ranks[1]["policy_version"] == 2
 
     # DDP kept the ranks identical, the step moved every weight, and the engine serves the trained ones.
     engine_params = dict(fresh_engine.scheduler.model.named_parameters())

@@ -44,7 +44,7 @@ def test_fresh_sample_reward_rises(fresh_engine, tiny_model, tmp_path) -> None:
     print([round(h["reward"], 3) for h in history])
     assert after - before > 3 * math.hypot(before_se, after_se)
     assert (
-        httpx.get(f"{fresh_engine.url}/weight_info").json()["weight_version"] == trainer.policy_version == 21
+        httpx.get(f"{fresh_engine.url}/weight_info").json()["weight_version"] == str(trainer.policy_version) == "21"
     )
     assert all(h["staleness"] <= 1 for h in history)
     assert history[-1]["policy_version"] == 21 and "training_tok/s" in history[-1]

@@ -1,0 +1,64 @@
+"""The trainer's record of which policy version the engine served when: per-turn versions without any
+version header from the engine.
+
+vLLM sends no version with its replies (the `x-policy-version` header is the embedded engine's own),
+so a turn captured from vLLM arrives with `policy_version` None. The trainer knows what it pushed and
+when the engine took it (TRL keeps its `model_version` the same way), so it dates each turn instead:
+the turn ran from `created_at - latency_s` to `created_at` (the proxy's clock, the trainer's host in
+the setups `harbor train` and `harbor jobs` build), and the ledger says which version was live at
+either end. A turn whose request started before a push and finished after it (vLLM's `pause(mode=keep)`
+resumes it under the new weights) keeps its start version as `policy_version` (the older one, so the
+staleness gate errs on the safe side) and gets the end version as `policy_version_end`.
+
+    ledger = VersionLedger(initial=0)
+    ledger.record(1)                              # after each successful push
+    straddling = ledger.date_turns(trace)         # fills the Nones, returns the straddling turns
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+
+from capture_proxy.models import TrainingTrace, TrainingTurn
+
+
+class VersionLedger:
+    """When each policy version went live on the engine (the trainer's clock, time.time())."""
+
+    def __init__(self, initial: int = 0) -> None:
+        self._times: list[float] = [float("-inf")]
+        self._versions: list[int] = [initial]
+        self._lock = threading.Lock()  # pushes on the trainer's thread, dating on the worker's
+
+    def record(self, version: int, at: float | None = None) -> None:
+        """`version` serves from `at` (default now) on."""
+        at = time.time() if at is None else at
+        with self._lock:
+            if at < self._times[-1]:
+                raise ValueError(f"version {version} recorded at {at}, before the previous push")
+            self._times.append(at)
+            self._versions.append(version)
+
+    def at(self, when: float) -> int:
+        """The version the engine served at unix time `when`."""
+        with self._lock:
+            return self._versions[bisect.bisect_right(self._times, when) - 1]
+
+    def date_turns(self, trace: TrainingTrace) -> list[TrainingTurn]:
+        """Give every turn without a `policy_version` the one live when it started, mark each turn whose
+        weights changed before it finished with `policy_version_end`; returns those turns."""
+        straddling = []
+        for turn in trace.turns:
+            md = turn.metadata
+            if not md.created_at:  # not timed (not from the proxy): nothing to date it by
+                continue
+            end = self.at(md.created_at)
+            start = self.at(md.created_at - (md.latency_s or 0.0))
+            if md.policy_version is None:
+                md.policy_version = start
+            if end != md.policy_version:
+                md.policy_version_end = end
+                straddling.append(turn)
+        return straddling
