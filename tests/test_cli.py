@@ -15,7 +15,18 @@ from typer.testing import CliRunner
 from harbor_rl.cli import app
 
 runner = CliRunner(env={"COLUMNS": "250", "NO_COLOR": "1"})
-HUB_ID = "Qwen/Qwen3-0.6B"  # no network here, and not a local folder
+HUB_ID = "Qwen/Qwen3-0.6B"  # not a local folder, and (below) neither cached nor reachable
+
+
+@pytest.fixture(autouse=True)
+def _hub_offline_and_empty(tmp_path, monkeypatch):
+    """A Hub id must not be fetched where a network happens to exist, nor found in a developer's cache."""
+    import huggingface_hub.constants as hub
+
+    for name, value in {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub-cache")}.items():
+        monkeypatch.setenv(name, value)  # for the subprocesses
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # read at import: patch this process's copy
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
 
 
 def _one_line_error(result, command: str, words: str) -> None:
