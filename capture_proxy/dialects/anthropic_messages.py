@@ -218,27 +218,30 @@ def _stop(choice: dict) -> tuple[str | None, str | None]:
 # -- request pieces --------------------------------------------------------------------------------
 
 
-def _system_text(system: Any) -> str:
+def _system_text(system: Any, where: str = "system") -> str:
     if isinstance(system, str):
         return system
-    blocks = require_list(system, "system")
+    blocks = require_list(system, where)
     texts = []
     for i, block in enumerate(blocks):
-        block = require_dict(block, f"system[{i}]")
+        block = require_dict(block, f"{where}[{i}]")
         if block.get("type") != "text":
-            raise invalid(f"system[{i}] must be a text block", f"system[{i}]")
-        texts.append(require_str(block.get("text"), f"system[{i}].text"))
+            raise invalid(f"{where}[{i}] must be a text block", f"{where}[{i}]")
+        texts.append(require_str(block.get("text"), f"{where}[{i}].text"))
     return "\n".join(texts)
 
 
 def _message(message: dict, i: int) -> list[dict]:
     """The chat messages for one Anthropic message (a user turn with tool results becomes several)."""
     role = message.get("role")
-    if role not in ("user", "assistant"):
-        raise invalid(f"messages[{i}].role must be 'user' or 'assistant'", f"messages[{i}].role")
+    if role not in ("user", "assistant", "system"):
+        # `system` mid-conversation: Claude Code sends its environment notes so, after the first prompt.
+        raise invalid(f"messages[{i}].role must be 'user', 'assistant' or 'system'", f"messages[{i}].role")
     content = message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
+    if role == "system":
+        return [{"role": "system", "content": _system_text(content, f"messages[{i}].content")}]
     blocks = require_list(content, f"messages[{i}].content")
     if role == "assistant":
         return [_assistant(blocks, i)]
@@ -339,7 +342,7 @@ def _parts_content(parts: list[dict]) -> str | list[dict]:
     return parts
 
 
-def _tool(tool: dict, i: int) -> dict:
+def _tool(tool: dict, i: int) -> list[dict]:
     kind = tool.get("type")
     if kind not in (None, "custom"):
         # Server tools (web search, code execution, Anthropic-defined bash/editor) run on Anthropic's side.
@@ -351,7 +354,7 @@ def _tool(tool: dict, i: int) -> dict:
     }
     if tool.get("description") is not None:
         fn["description"] = require_str(tool["description"], f"tools[{i}].description")
-    return {"type": "function", "function": fn}
+    return [{"type": "function", "function": fn}]
 
 
 def _tool_choice(choice: dict) -> dict:

@@ -139,10 +139,10 @@ def request_model(body: Any) -> str:
     return model
 
 
-def chat_tools(body: dict, convert: Callable[[dict, int], dict]) -> list[dict]:
-    """The request's `tools`, each converted to a chat function tool by `convert(tool, index)`."""
+def chat_tools(body: dict, convert: Callable[[dict, int], list[dict]]) -> list[dict]:
+    """The request's `tools` as chat function tools, `convert(tool, index)` giving each one's."""
     tools = require_list(body.get("tools") or [], "tools")
-    return [convert(require_dict(tool, f"tools[{i}]"), i) for i, tool in enumerate(tools)]
+    return [fn for i, tool in enumerate(tools) for fn in convert(require_dict(tool, f"tools[{i}]"), i)]
 
 
 def set_stream(body: dict, out: dict) -> None:

@@ -104,6 +104,7 @@ class OpenAIResponses:
             output.append(_reasoning_item(_item_id("rs"), reasoning))
         if message.get("content"):
             output.append(_message_item(_item_id("msg"), message["content"], "completed"))
+        namespaces = _namespaces(request)
         for call in message.get("tool_calls") or ():
             fn = call.get("function") or {}
             output.append(
@@ -113,6 +114,7 @@ class OpenAIResponses:
                     fn.get("name", ""),
                     fn.get("arguments") or "",
                     "completed",
+                    namespaces,
                 )
             )
         return _response(_item_id("resp"), request, output, choice.get("finish_reason"), reply.get("usage"))
@@ -197,8 +199,10 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {
+def _call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str, namespaces: dict[str, str]
+) -> dict:
+    item = {
         "id": item_id,
         "type": "function_call",
         "status": status,
@@ -206,6 +210,9 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
         "name": name,
         "arguments": arguments,
     }
+    if name in namespaces:
+        item["namespace"] = namespaces[name]
+    return item
 
 
 def _reasoning_item(item_id: str, text: str | None) -> dict:
@@ -310,19 +317,40 @@ def _part(part: dict, where: str) -> dict:
     raise unsupported(f"a content part of type {part.get('type')!r}", where)
 
 
-def _tool(tool: dict, i: int) -> dict:
+def _tool(tool: dict, i: int, where: str | None = None) -> list[dict]:
+    """A function tool as chat's; a `namespace` (a named group of functions, as codex sends its
+    sub-agent tools) as its functions, which the engine sees by their own names."""
+    where = where or f"tools[{i}]"
+    if tool.get("type") == "namespace":
+        inner = require_list(tool.get("tools"), f"{where}.tools")
+        return [
+            fn
+            for j, t in enumerate(inner)
+            for fn in _tool(require_dict(t, f"{where}.tools[{j}]"), j, f"{where}.tools[{j}]")
+        ]
     if tool.get("type") != "function":
         # Hosted tools (web_search, file_search, code_interpreter, mcp, ...) run on OpenAI's side.
-        raise unsupported(f"the tool type {tool.get('type')!r}", f"tools[{i}]")
-    fn: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
+        raise unsupported(f"the tool type {tool.get('type')!r}", where)
+    fn: dict[str, Any] = {"name": require_str(tool.get("name"), f"{where}.name")}
     if tool.get("description") is not None:
-        fn["description"] = require_str(tool["description"], f"tools[{i}].description")
+        fn["description"] = require_str(tool["description"], f"{where}.description")
     fn["parameters"] = require_dict(
-        tool.get("parameters") or {"type": "object", "properties": {}}, f"tools[{i}].parameters"
+        tool.get("parameters") or {"type": "object", "properties": {}}, f"{where}.parameters"
     )
     if tool.get("strict") is not None:
         fn["strict"] = tool["strict"]
-    return {"type": "function", "function": fn}
+    return [{"type": "function", "function": fn}]
+
+
+def _namespaces(request: dict) -> dict[str, str]:
+    """The namespace of each function the request offered inside one (function name -> namespace)."""
+    return {
+        inner["name"]: tool["name"]
+        for tool in request.get("tools") or ()
+        if isinstance(tool, dict) and tool.get("type") == "namespace"
+        for inner in tool.get("tools") or ()
+        if isinstance(inner, dict) and isinstance(inner.get("name"), str)
+    }
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -354,6 +382,7 @@ class _ResponseStream:
 
     def __init__(self, request: dict):
         self.request = request
+        self.namespaces = _namespaces(request)
         self.id = _item_id("resp")
         self.seq = 0
         self.output: list[dict] = []
@@ -398,6 +427,7 @@ class _ResponseStream:
                         fn.get("name") or "",
                         "",
                         "in_progress",
+                        self.namespaces,
                     ),
                 )
                 if fn.get("arguments"):

@@ -1,0 +1,215 @@
+"""`claude-code`: Anthropic's Claude Code (npm `@anthropic-ai/claude-code`, pinned), run unchanged in
+print mode against the capture proxy's Messages API.
+
+Install: `@anthropic-ai/claude-code` is a thin npm wrapper whose postinstall picks a per-platform
+package holding one self-contained executable (no Node needed). The host fetches that package with
+`npm pack` (`harnesses.assets`) and the image layer copies the executable to /opt/harbor-rl/claude-code.
+
+Run: `claude -p --output-format stream-json --verbose --dangerously-skip-permissions --model <model>`
+with the instruction on stdin. ANTHROPIC_BASE_URL is the proxy (the SDK adds `/v1/messages`) and
+ANTHROPIC_API_KEY the session key (sent as `x-api-key`); every model alias (the small fast model for
+side calls too) names the session's model. Nothing else is reached: telemetry, error reporting, the
+auto-updater, feedback surveys, feature flags and other non-essential traffic are off by environment,
+only the user settings of an empty config folder are read (a task's own `.claude/settings.json`
+cannot redirect the agent), and train runs disallow WebFetch and WebSearch. Claude Code asks for
+32,000 completion tokens a call unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says otherwise, which is sized to
+the engine's context as for opencode. `--max-turns` is the step limit, and the proxy's budget backs
+it. Tool counts come from the stream-json events it prints.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from harnesses._common import LOG_DIR, agent_script, completion_budget, tail, timeout_grace
+from harnesses.assets import ensure_asset, linux_machine, npm_files
+from harnesses.base import AgentOutcome, AgentRun
+from harnesses.tool_metrics import ToolResult, summarize
+from sandboxes.base import ImageLayer
+
+if TYPE_CHECKING:
+    from sandboxes.base import Sandbox
+
+VERSION = "2.1.332"
+INSTALL_DIR = "/opt/harbor-rl/claude-code"
+BINARY = f"{INSTALL_DIR}/claude"
+EVENTS_LOG = f"{LOG_DIR}/claude-code.jsonl"
+STDERR_LOG = f"{LOG_DIR}/claude-code.stderr.txt"
+STATE_DIR = "/tmp/harbor-rl-claude-code"
+"""CLAUDE_CONFIG_DIR: its settings, session transcripts and caches live here, not in the task's HOME."""
+INSTRUCTION_FILE = f"{STATE_DIR}/instruction.md"
+OFF_SANDBOX_TOOLS = ("WebFetch", "WebSearch")
+OUTPUT_TOKEN_MAX = 32_000
+"""Claude Code's completion size when CLAUDE_CODE_MAX_OUTPUT_TOKENS is not set."""
+MODEL_ALIASES = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+)
+OFFLINE_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+    "CLAUDE_CODE_DISABLE_FEATURE_FLAGS": "1",
+    "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+}
+"""Everything Claude Code would reach besides the model, switched off."""
+
+
+class ClaudeCodeHarness:
+    name = "claude-code"
+
+    def __init__(self, *, version: str = VERSION) -> None:
+        self.version = version
+
+    def image_layer(self) -> ImageLayer:
+        """The pinned executable from the host cache (fetched with `npm pack` on first use)."""
+        package = platform_package()
+        spec = f"{package}@{self.version}"
+        key = f"{package.split('/')[-1]}-{self.version}"  # claude-code-linux-x64-<version>
+        assets = ensure_asset(key, lambda folder: npm_files(spec, folder, {"package/claude": "claude"}))
+        return ImageLayer(
+            name=f"claude-code-{self.version}",
+            dockerfile_lines=[f"COPY claude {BINARY}", f"RUN chmod 0755 {BINARY} && {BINARY} --version"],
+            context_dir=assets,
+        )
+
+    def command(self, run: AgentRun) -> list[str]:
+        """The agent's argv; the instruction goes in on stdin."""
+        argv = [
+            BINARY, "-p", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions",
+            "--model", run.model, "--setting-sources", "user", "--no-session-persistence",
+        ]  # fmt: skip
+        if run.step_limit > 0:
+            argv += ["--max-turns", str(run.step_limit)]
+        if run.purpose == "train":
+            argv += ["--disallowedTools", ",".join(OFF_SANDBOX_TOOLS)]
+        return argv
+
+    def environment(self, run: AgentRun) -> dict[str, str]:
+        env = {
+            "ANTHROPIC_BASE_URL": run.base_url.removesuffix("/").removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": run.api_key,
+            **dict.fromkeys(MODEL_ALIASES, run.model),
+            **OFFLINE_ENV,
+            "CLAUDE_CONFIG_DIR": STATE_DIR,
+            "IS_SANDBOX": "1",  # --dangerously-skip-permissions is refused as root elsewhere
+            "NO_COLOR": "1",
+            "TERM": "dumb",
+        }
+        budget = completion_budget(run.context_length, run.max_tokens, OUTPUT_TOKEN_MAX)
+        if budget is not None:
+            env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] = str(budget)
+        return env
+
+    async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
+        await sandbox.exec(["mkdir", "-p", LOG_DIR, STATE_DIR], timeout_s=30.0)
+        await sandbox.upload_file(run.instruction.encode(), INSTRUCTION_FILE)
+        result = await sandbox.exec(
+            [*agent_script(EVENTS_LOG, STDERR_LOG, INSTRUCTION_FILE, run.timeout_s), *self.command(run)],
+            cwd=run.workdir,
+            env=self.environment(run),
+            timeout_s=timeout_grace(run.timeout_s),
+        )
+        timed_out = result.timed_out or result.exit_code == 124
+        try:
+            raw = (await sandbox.download_file(EVENTS_LOG)).decode("utf-8", errors="replace")
+        except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
+            return AgentOutcome(
+                exit_code=result.exit_code,
+                timed_out=timed_out,
+                error=None
+                if timed_out
+                else f"claude-code wrote no event log ({type(exc).__name__}: {exc}); exit code {result.exit_code}",
+                log_tail=tail(result.stdout + result.stderr),
+            )
+        summary = parse_events(raw)
+        metrics = summarize(summary.tool_results)
+        error = summary.error
+        if error is None and result.exit_code not in (0, None) and not (timed_out or summary.at_turn_limit):
+            error = f"claude-code exited with code {result.exit_code}"
+        return AgentOutcome(
+            exit_code=result.exit_code,
+            timed_out=timed_out,
+            error=error,
+            tool_calls_by_name=metrics.calls_by_name,
+            tool_failures=metrics.failures,
+            log_tail=tail(f"{result.stderr}\n{summary.text}\n[turns: {summary.turns}]"),
+        )
+
+
+def platform_package() -> str:
+    """The npm package holding Claude Code's executable for this host (glibc Linux, like the sandboxes)."""
+    return (
+        "@anthropic-ai/claude-code-linux-arm64"
+        if linux_machine() == "aarch64"
+        else "@anthropic-ai/claude-code-linux-x64"
+    )
+
+
+class EventSummary(BaseModel):
+    turns: int = 0
+    text: str = ""
+    """The final result text, for the log tail."""
+    tool_results: list[ToolResult] = Field(default_factory=list)
+    error: str | None = None
+    at_turn_limit: bool = False
+    """It stopped at `--max-turns` (and exits 1 for it): the step limit, not a failure."""
+
+
+def parse_events(raw: str) -> EventSummary:
+    """Tool calls, failures and errors from `claude -p --output-format stream-json` (one JSON event a
+    line: `assistant` messages with `tool_use` blocks, `user` messages with their `tool_result`s, one
+    closing `result`)."""
+    summary = EventSummary()
+    names: dict[str, str] = {}
+    for line in raw.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("type")
+        content = (event.get("message") or {}).get("content")
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        if kind == "assistant":
+            for block in blocks:
+                if block.get("type") == "tool_use":
+                    names[str(block.get("id"))] = str(block.get("name") or "unknown")
+        elif kind == "user":
+            for block in blocks:
+                if block.get("type") == "tool_result":
+                    summary.tool_results.append(
+                        ToolResult(
+                            name=names.get(str(block.get("tool_use_id")), "unknown"),
+                            output=_text(block.get("content")),
+                            error_reported=bool(block.get("is_error")),
+                        )
+                    )
+        elif kind == "result":
+            summary.turns = int(event.get("num_turns") or 0)
+            summary.text = str(event.get("result") or "")
+            summary.at_turn_limit = event.get("subtype") == "error_max_turns"
+            if event.get("is_error") and not summary.at_turn_limit:
+                summary.error = (
+                    f"claude-code reported an error: {summary.text[:1000] or event.get('subtype')}"
+                )
+    return summary
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return ""
