@@ -24,6 +24,7 @@ _REGISTRY: dict[str, str | Callable[[], Harness]] = {
     "opencode": "harnesses.opencode:OpenCodeHarness",
     "claude-code": "harnesses.claude_code:ClaudeCodeHarness",
     "codex": "harnesses.codex:CodexHarness",
+    "qwen-code": "harnesses.qwen_code:QwenCodeHarness",
     "env-factory": "harnesses.env_factory.harness:EnvFactoryHarness",
 }
 

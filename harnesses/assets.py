@@ -148,3 +148,10 @@ def npm_files(spec: str, folder: Path, members: dict[str, str]) -> None:
             extract_member(tarball, member, folder / name)
     finally:
         tarball.unlink()
+
+
+def unpack(tarball: Path, folder: Path) -> None:
+    """Extract a whole npm tarball into `folder` (its files under `package/`), refusing members that
+    would land outside it or are links or devices (tarfile's `data` filter)."""
+    with tarfile.open(tarball) as archive:
+        archive.extractall(folder, filter="data")

@@ -115,7 +115,7 @@ class CodexHarness:
         summary = parse_events(raw)
         metrics = summarize(parse_rollout(await _rollout(sandbox)))
         error = summary.error
-        if error is None and result.exit_code not in (0, None) and not timed_out:
+        if error is None and result.exit_code not in (0, None) and not (timed_out or summary.truncated):
             error = f"codex exited with code {result.exit_code}"
         return AgentOutcome(
             exit_code=result.exit_code,
@@ -166,6 +166,9 @@ class EventSummary(BaseModel):
     text: str = ""
     """The agent's last message, for the log tail."""
     error: str | None = None
+    truncated: bool = False
+    """Its turn ended because the model's reply reached the token limit (`response.incomplete`): the
+    agent's own outcome, like a wrong answer, not a harness failure (codex then exits 1)."""
 
 
 async def _rollout(sandbox: Sandbox) -> str:
@@ -218,5 +221,10 @@ def parse_events(raw: str) -> EventSummary:
             message = (
                 (event.get("error") or {}).get("message") if isinstance(event.get("error"), dict) else None
             )
-            summary.error = f"codex reported an error: {str(message or event)[:1000]}"
+            text = str(message or event)[:1000]
+            if "Incomplete response returned" in text:
+                summary.truncated = True
+                summary.text = text
+            else:
+                summary.error = f"codex reported an error: {text}"
     return summary

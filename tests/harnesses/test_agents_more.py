@@ -24,11 +24,11 @@ from .conftest import Capture
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 DIALECTS = {"claude-code": "anthropic-messages", "codex": "openai-responses", "qwen-code": None}
-CONTEXT = {"claude-code": 32768, "codex": 32768, "qwen-code": 32768}
+CONTEXT = {"claude-code": 32768, "codex": 32768, "qwen-code": 49152}
 """The tiny engine's context per agent: its first prompt plus the quarter each harness asks for."""
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "qwen-code"])
 async def test_agent_in_docker_is_captured_in_its_own_dialect(
     harness: str, capture: Capture, docker_backend
 ) -> None:
@@ -49,7 +49,7 @@ async def test_agent_in_docker_is_captured_in_its_own_dialect(
     assert [turn["metadata"]["parent_node_id"] for turn in turns[1:]] == [t["node_id"] for t in turns[:-1]]
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "qwen-code"])
 def test_agent_through_harbor_serve_with_the_embedded_engine(
     harness: str,
     docker_ready,

@@ -17,9 +17,9 @@ from harnesses.claude_code import (
     OFFLINE_ENV,
     VERSION,
     ClaudeCodeHarness,
-    parse_events,
     platform_package,
 )
+from harnesses.stream_json import parse_events
 from harnesses.tool_metrics import summarize
 
 DATA = Path(__file__).parent / "data"
@@ -83,7 +83,7 @@ def test_image_layer_copies_the_pinned_executable(tmp_path: Path, monkeypatch) -
 
 
 def test_events_give_tool_calls_failures_and_the_turn_limit() -> None:
-    summary = parse_events((DATA / "claude-code-events.jsonl").read_text())
+    summary = parse_events((DATA / "claude-code-events.jsonl").read_text(), "claude-code")
     metrics = summarize(summary.tool_results)
     assert metrics.calls_by_name == {"Write": 1, "ReportFindings": 1, "ToolSearch": 1}
     assert metrics.failures == 1
@@ -92,6 +92,6 @@ def test_events_give_tool_calls_failures_and_the_turn_limit() -> None:
 
 def test_an_error_result_is_a_harness_error() -> None:
     line = '{"type": "result", "subtype": "success", "is_error": true, "num_turns": 1, "result": "API Error: 401 bad key"}'
-    summary = parse_events(line + "\nnot json\n")
+    summary = parse_events(line + "\nnot json\n", "claude-code")
     assert summary.error == "claude-code reported an error: API Error: 401 bad key"
     assert not summary.at_turn_limit

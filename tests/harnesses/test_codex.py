@@ -89,3 +89,12 @@ def test_a_failed_turn_is_a_harness_error() -> None:
         and "logged" in summary.error
         and summary.error.startswith("codex reported an error")
     )
+
+
+def test_a_reply_cut_at_the_token_limit_ends_the_run_without_a_harness_error() -> None:
+    # codex's own words when the stream ends with response.incomplete (max_output_tokens)
+    line = (
+        '{"type":"turn.failed","error":{"message":"Incomplete response returned, reason: max_output_tokens"}}'
+    )
+    summary = parse_events(line)
+    assert summary.truncated and summary.error is None

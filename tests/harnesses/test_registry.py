@@ -11,7 +11,7 @@ from harnesses.nop import NopHarness
 
 def test_built_in_harnesses_follow_the_protocol() -> None:
     assert set(HARNESS_NAMES) == {
-        "nop", "oracle", "mini-swe-agent", "opencode", "claude-code", "codex", "env-factory",
+        "nop", "oracle", "mini-swe-agent", "opencode", "claude-code", "codex", "qwen-code", "env-factory",
     }  # fmt: skip
     for name in HARNESS_NAMES:
         harness = get_harness(name)
