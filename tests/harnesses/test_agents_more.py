@@ -63,7 +63,7 @@ def test_agent_through_harbor_serve_with_the_embedded_engine(
     engine = create_app(
         EngineConfig(model="tiny", max_model_len=CONTEXT[harness], return_tokens_as_token_ids=True)
     )
-    with serve_in_thread(engine) as url:
+    with serve_in_thread(engine, start_timeout_s=120) as url:
         config = make_config(
             tmp_path, sandbox="docker", capture_host="0.0.0.0", llm_url=url + "/v1", model="tiny"
         )
