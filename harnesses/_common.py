@@ -41,13 +41,3 @@ def completion_budget(
     if max_tokens:
         budget = min(budget, max_tokens)
     return budget
-
-
-def agent_script(stdout_log: str, stderr_log: str, stdin_file: str, timeout_s: float) -> list[str]:
-    """argv prefix that runs the agent's argv (appended after it) under coreutils `timeout`, its output
-    in log files under LOG_DIR and the instruction on stdin, then prints the end of its stderr."""
-    script = (
-        f'mkdir -p {LOG_DIR} && "$@" > {stdout_log} 2> {stderr_log} < {stdin_file}; code=$?; '
-        f"tail -c 8000 {stderr_log} >&2; exit $code"
-    )
-    return ["bash", "-c", script, "bash", "timeout", "--kill-after=10", str(max(1, int(timeout_s)))]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harnesses._common import LOG_DIR, agent_script, completion_budget, tail, timeout_grace
+from harnesses._common import LOG_DIR, completion_budget
+from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files
 from harnesses.base import AgentOutcome, AgentRun
 from harnesses.stream_json import parse_events
@@ -38,7 +39,7 @@ EVENTS_LOG = f"{LOG_DIR}/claude-code.jsonl"
 STDERR_LOG = f"{LOG_DIR}/claude-code.stderr.txt"
 STATE_DIR = "/tmp/harbor-rl-claude-code"
 """CLAUDE_CONFIG_DIR: its settings, session transcripts and caches live here, not in the task's HOME."""
-INSTRUCTION_FILE = f"{STATE_DIR}/instruction.md"
+FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{STATE_DIR}/instruction.md", STATE_DIR)
 OFF_SANDBOX_TOOLS = ("WebFetch", "WebSearch")
 OUTPUT_TOKEN_MAX = 32_000
 """Claude Code's completion size when CLAUDE_CODE_MAX_OUTPUT_TOKENS is not set."""
@@ -110,38 +111,15 @@ class ClaudeCodeHarness:
         return env
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
-        await sandbox.exec(["mkdir", "-p", LOG_DIR, STATE_DIR], timeout_s=30.0)
-        await sandbox.upload_file(run.instruction.encode(), INSTRUCTION_FILE)
-        result = await sandbox.exec(
-            [*agent_script(EVENTS_LOG, STDERR_LOG, INSTRUCTION_FILE, run.timeout_s), *self.command(run)],
-            cwd=run.workdir,
-            env=self.environment(run),
-            timeout_s=timeout_grace(run.timeout_s),
-        )
-        timed_out = result.timed_out or result.exit_code == 124
-        try:
-            raw = (await sandbox.download_file(EVENTS_LOG)).decode("utf-8", errors="replace")
-        except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
-            return AgentOutcome(
-                exit_code=result.exit_code,
-                timed_out=timed_out,
-                error=None
-                if timed_out
-                else f"claude-code wrote no event log ({type(exc).__name__}: {exc}); exit code {result.exit_code}",
-                log_tail=tail(result.stdout + result.stderr),
-            )
-        summary = parse_events(raw, self.name)
-        metrics = summarize(summary.tool_results)
-        error = summary.error
-        if error is None and result.exit_code not in (0, None) and not (timed_out or summary.at_turn_limit):
-            error = f"claude-code exited with code {result.exit_code}"
-        return AgentOutcome(
-            exit_code=result.exit_code,
-            timed_out=timed_out,
-            error=error,
-            tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
-            log_tail=tail(f"{result.stderr}\n{summary.text}\n[turns: {summary.turns}]"),
+        process = await run_agent(sandbox, run, self.name, self.command(run), self.environment(run), FILES)
+        if process.events is None:
+            return process.without_log()
+        summary = parse_events(process.events, self.name)
+        return process.outcome(
+            summarize(summary.tool_results),
+            summary.error,
+            f"{summary.text}\n[turns: {summary.turns}]",
+            stopped_at_limit=summary.at_turn_limit,
         )
 
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from harnesses._common import LOG_DIR, agent_script, tail, timeout_grace
+from harnesses._common import LOG_DIR
+from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files
 from harnesses.base import AgentOutcome, AgentRun
 from harnesses.tool_metrics import ToolResult, summarize
@@ -42,7 +43,7 @@ EVENTS_LOG = f"{LOG_DIR}/codex.jsonl"
 STDERR_LOG = f"{LOG_DIR}/codex.stderr.txt"
 CODEX_HOME = "/opt/harbor-rl/codex-home"
 """Its config, logs and state; not under /tmp, where codex refuses to put its helper binaries."""
-INSTRUCTION_FILE = f"{CODEX_HOME}/instruction.md"
+FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{CODEX_HOME}/instruction.md", CODEX_HOME)
 KEY_ENV = "HARBOR_SESSION_KEY"
 ROLLOUTS = f"{CODEX_HOME}/sessions"
 
@@ -91,39 +92,18 @@ class CodexHarness:
         }
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
-        await sandbox.exec(["mkdir", "-p", LOG_DIR, CODEX_HOME], timeout_s=30.0)
-        await sandbox.upload_file(render_config(run).encode(), f"{CODEX_HOME}/config.toml")
-        await sandbox.upload_file(run.instruction.encode(), INSTRUCTION_FILE)
-        result = await sandbox.exec(
-            [*agent_script(EVENTS_LOG, STDERR_LOG, INSTRUCTION_FILE, run.timeout_s), *self.command(run)],
-            cwd=run.workdir,
-            env=self.environment(run),
-            timeout_s=timeout_grace(run.timeout_s),
+        config = {f"{CODEX_HOME}/config.toml": render_config(run).encode()}
+        process = await run_agent(
+            sandbox, run, self.name, self.command(run), self.environment(run), FILES, config
         )
-        timed_out = result.timed_out or result.exit_code == 124
-        try:
-            raw = (await sandbox.download_file(EVENTS_LOG)).decode("utf-8", errors="replace")
-        except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
-            return AgentOutcome(
-                exit_code=result.exit_code,
-                timed_out=timed_out,
-                error=None
-                if timed_out
-                else f"codex wrote no event log ({type(exc).__name__}: {exc}); exit code {result.exit_code}",
-                log_tail=tail(result.stdout + result.stderr),
-            )
-        summary = parse_events(raw)
-        metrics = summarize(parse_rollout(await _rollout(sandbox)))
-        error = summary.error
-        if error is None and result.exit_code not in (0, None) and not (timed_out or summary.truncated):
-            error = f"codex exited with code {result.exit_code}"
-        return AgentOutcome(
-            exit_code=result.exit_code,
-            timed_out=timed_out,
-            error=error,
-            tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
-            log_tail=tail(f"{result.stderr}\n{summary.text}\n[turns: {summary.turns}]"),
+        if process.events is None:
+            return process.without_log()
+        summary = parse_events(process.events)
+        return process.outcome(
+            summarize(parse_rollout(await _rollout(sandbox))),
+            summary.error,
+            f"{summary.text}\n[turns: {summary.turns}]",
+            stopped_at_limit=summary.truncated,
         )
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from harnesses._common import LOG_DIR, agent_script, completion_budget, tail, timeout_grace
+from harnesses._common import LOG_DIR, completion_budget
+from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files, npm_pack, unpack
 from harnesses.base import AgentOutcome, AgentRun
 from harnesses.stream_json import parse_events
@@ -42,7 +43,7 @@ CLI = f"{INSTALL_DIR}/package/cli.js"
 EVENTS_LOG = f"{LOG_DIR}/qwen-code.jsonl"
 STDERR_LOG = f"{LOG_DIR}/qwen-code.stderr.txt"
 QWEN_HOME = "/tmp/harbor-rl-qwen-code"
-INSTRUCTION_FILE = f"{QWEN_HOME}/instruction.md"
+FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{QWEN_HOME}/instruction.md", QWEN_HOME)
 OFF_SANDBOX_TOOLS = ("web_fetch", "web_search")
 OUTPUT_TOKEN_MAX = 32_000
 TURN_LIMIT_EXIT = 53
@@ -118,40 +119,18 @@ class QwenCodeHarness:
         return env
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
-        await sandbox.exec(["mkdir", "-p", LOG_DIR, QWEN_HOME], timeout_s=30.0)
-        await sandbox.upload_file(json.dumps(render_settings(run)).encode(), f"{QWEN_HOME}/settings.json")
-        await sandbox.upload_file(run.instruction.encode(), INSTRUCTION_FILE)
-        result = await sandbox.exec(
-            [*agent_script(EVENTS_LOG, STDERR_LOG, INSTRUCTION_FILE, run.timeout_s), *self.command(run)],
-            cwd=run.workdir,
-            env=self.environment(run),
-            timeout_s=timeout_grace(run.timeout_s),
+        settings = {f"{QWEN_HOME}/settings.json": json.dumps(render_settings(run)).encode()}
+        process = await run_agent(
+            sandbox, run, self.name, self.command(run), self.environment(run), FILES, settings
         )
-        timed_out = result.timed_out or result.exit_code == 124
-        try:
-            raw = (await sandbox.download_file(EVENTS_LOG)).decode("utf-8", errors="replace")
-        except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
-            return AgentOutcome(
-                exit_code=result.exit_code,
-                timed_out=timed_out,
-                error=None
-                if timed_out
-                else f"qwen-code wrote no event log ({type(exc).__name__}: {exc}); exit code {result.exit_code}",
-                log_tail=tail(result.stdout + result.stderr),
-            )
-        summary = parse_events(raw, self.name)
-        metrics = summarize(summary.tool_results)
-        error = summary.error
-        stopped = timed_out or result.exit_code == TURN_LIMIT_EXIT
-        if error is None and result.exit_code not in (0, None) and not stopped:
-            error = f"qwen-code exited with code {result.exit_code}"
-        return AgentOutcome(
-            exit_code=result.exit_code,
-            timed_out=timed_out,
-            error=error,
-            tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
-            log_tail=tail(f"{result.stderr}\n{summary.text}"),
+        if process.events is None:
+            return process.without_log()
+        summary = parse_events(process.events, self.name)
+        return process.outcome(
+            summarize(summary.tool_results),
+            summary.error,
+            summary.text,
+            stopped_at_limit=process.result.exit_code == TURN_LIMIT_EXIT,
         )
 
 

@@ -305,3 +305,19 @@ def test_responses_errors_come_back_in_openais_shape(proxy, imitation):
         last = [event for event in stream][-1]
     assert last.type == "response.failed" and last.response.status == "failed"
     assert "engine" in last.response.error.message
+
+
+def test_responses_namespaced_tools_are_offered_flat_and_answered_with_their_namespace(proxy):
+    # codex groups its sub-agent tools in a `namespace` tool; the engine sees the functions themselves.
+    session = proxy.create()
+    namespace = {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Sub-agents.",
+        "tools": [{**RESPONSES_BASH, "name": "close_agent"}],
+    }
+    reply = openai_client(session).responses.create(model="m", input="hi", tools=[namespace])
+    (call,) = reply.output
+    assert call.type == "function_call" and call.name == "close_agent" and call.namespace == "multi_agent_v1"
+    turn = trace_of(proxy, session.session_id)["turns"][0]
+    assert [t["function"]["name"] for t in turn["request"]["tools"]] == ["close_agent"]
