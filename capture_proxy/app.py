@@ -19,6 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capture_proxy.config import ProxyConfig
+from capture_proxy.dialects import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, Dialect, translate_call
 from capture_proxy.errors import (
     InvalidSessionUpdate,
     InvalidTraceError,
@@ -102,7 +103,8 @@ class SamplingFastPath:
 
 
 def agent_router(service: CaptureService) -> APIRouter:
-    """The OpenAI-compatible routes agents call, authenticated by their session key."""
+    """The routes agents call, authenticated by their session key: OpenAI's chat and completions, and
+    Anthropic's Messages and OpenAI's Responses APIs translated onto chat."""
     router = APIRouter()
 
     async def chat_completions(request: Request) -> Response:
@@ -114,10 +116,28 @@ def agent_router(service: CaptureService) -> APIRouter:
     async def models(request: Request) -> Response:
         return await service.models(request.headers.get("authorization"))
 
+    def translated(dialect: Dialect):
+        async def route(request: Request) -> Response:
+            try:
+                raw = await read_body(request, limit)
+            except ClientDisconnect:
+                service.metrics.error("client_disconnect")
+                return Response(status_code=400)
+            except ProxyRequestError as exc:
+                service.metrics.error("bad_request")
+                service.metrics.request(dialect.name, exc.status)
+                return dialect.error(exc.status, exc.message, exc.code, exc.param)
+            return await translate_call(service, dialect, request.headers, raw)
+
+        return route
+
     # Plain Starlette routes: no dependency resolution on the hot path.
     router.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     router.add_route("/v1/completions", completions, methods=["POST"])
     router.add_route("/v1/models", models, methods=["GET"])
+    # Anthropic's Messages and OpenAI's Responses APIs, translated onto the chat path above.
+    router.add_route("/v1/messages", translated(ANTHROPIC_MESSAGES), methods=["POST"])
+    router.add_route("/v1/responses", translated(OPENAI_RESPONSES), methods=["POST"])
     return router
 
 

@@ -27,6 +27,8 @@ class ModelCall:
     wants: Wants
     streamed: bool
     started: float
+    dialect: str | None = None
+    """The API the agent spoke when its call was translated to chat (`capture_proxy.dialects`)."""
 
 
 def parse_body(raw: bytes) -> Any:
@@ -36,7 +38,9 @@ def parse_body(raw: bytes) -> Any:
         raise ProxyRequestError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
-def accept_call(live: LiveSession, endpoint: Endpoint, raw: bytes) -> ModelCall | None:
+def accept_call(
+    live: LiveSession, endpoint: Endpoint, raw: bytes, dialect: str | None = None
+) -> ModelCall | None:
     """Validate and rewrite the request; None when the step budget is spent (nothing is recorded)."""
     body = parse_body(raw)
     validate_request(body, endpoint)
@@ -58,4 +62,5 @@ def accept_call(live: LiveSession, endpoint: Endpoint, raw: bytes) -> ModelCall 
         wants,
         bool(body.get("stream")),
         time.perf_counter(),
+        dialect,
     )

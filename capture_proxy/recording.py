@@ -88,6 +88,8 @@ class TurnRecorder:
             streamed=call.streamed,
             created_at=time.time(),
         )
+        if call.dialect is not None:
+            metadata.dialect = call.dialect  # an extra key, as OpenEnv's free metadata allows
         return TrainingTurn.model_construct(
             node_id=f"t{call.seq}",
             prompt_token_ids=cap.prompt_ids,

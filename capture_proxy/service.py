@@ -101,16 +101,22 @@ class CaptureService:
             self.metrics.request("models", exc.status)
             return error_response(exc)
 
-    async def chat_completions(self, authorization: str | None, raw: bytes) -> Response:
-        return await self._handle("chat", authorization, raw)
+    async def chat_completions(
+        self, authorization: str | None, raw: bytes, *, dialect: str | None = None
+    ) -> Response:
+        """A chat call; `dialect` names the API the agent spoke when the call was translated from
+        another one (`capture_proxy.dialects`), recorded on its turn."""
+        return await self._handle("chat", authorization, raw, dialect)
 
     async def completions(self, authorization: str | None, raw: bytes) -> Response:
         return await self._handle("completions", authorization, raw)
 
-    async def _handle(self, endpoint: Endpoint, authorization: str | None, raw: bytes) -> Response:
+    async def _handle(
+        self, endpoint: Endpoint, authorization: str | None, raw: bytes, dialect: str | None = None
+    ) -> Response:
         try:
             live = await self._sessions.authenticate(authorization)
-            call = accept_call(live, endpoint, raw)
+            call = accept_call(live, endpoint, raw, dialect)
             if call is None:
                 self.metrics.error("budget_exhausted")
                 response = budget_response(endpoint, live.max_model_calls, parse_body(raw))

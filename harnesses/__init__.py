@@ -22,6 +22,9 @@ _REGISTRY: dict[str, str | Callable[[], Harness]] = {
     "oracle": "harnesses.oracle:OracleHarness",
     "mini-swe-agent": "harnesses.mini_swe_agent:MiniSweAgentHarness",
     "opencode": "harnesses.opencode:OpenCodeHarness",
+    "claude-code": "harnesses.claude_code:ClaudeCodeHarness",
+    "codex": "harnesses.codex:CodexHarness",
+    "qwen-code": "harnesses.qwen_code:QwenCodeHarness",
     "env-factory": "harnesses.env_factory.harness:EnvFactoryHarness",
 }
 

@@ -25,3 +25,19 @@ def timeout_grace(timeout_s: float) -> float:
 def timeout_prefix(timeout_s: float) -> str:
     """`timeout` wrapper: TERM at the limit, KILL 10 s later; exit code 124 means it fired."""
     return f"timeout --kill-after=10 {max(1, int(timeout_s))}"
+
+
+def completion_budget(
+    context_length: int | None, max_tokens: int | None, default: int, *, share: int = 4
+) -> int | None:
+    """The completion size an agent that asks for a fixed one every call should ask for: `1/share` of
+    the engine's context (the rest holds the prompt), the session's cap when lower, never above the
+    agent's own `default`; None when neither the context nor a cap is known (the agent's default)."""
+    if context_length is None and max_tokens is None:
+        return None
+    budget = default
+    if context_length:
+        budget = min(budget, max(1, context_length // share))
+    if max_tokens:
+        budget = min(budget, max_tokens)
+    return budget

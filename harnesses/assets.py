@@ -137,3 +137,21 @@ def _run(command: list[str], *, what: str) -> None:
             line for line in (done.stderr + done.stdout).splitlines() if "is ignored" not in line
         )
         raise HarnessAssetError(f"{what} failed (exit {done.returncode}):\n{output[-2000:]}")
+
+
+def npm_files(spec: str, folder: Path, members: dict[str, str]) -> None:
+    """Fetch the npm package `spec` and keep some of its files (e.g. an agent's executable), each
+    member as `folder/<name>` (`{member: name}`); the tarball itself is not kept."""
+    tarball = npm_pack(spec, folder)
+    try:
+        for member, name in members.items():
+            extract_member(tarball, member, folder / name)
+    finally:
+        tarball.unlink()
+
+
+def unpack(tarball: Path, folder: Path) -> None:
+    """Extract a whole npm tarball into `folder` (its files under `package/`), refusing members that
+    would land outside it or are links or devices (tarfile's `data` filter)."""
+    with tarfile.open(tarball) as archive:
+        archive.extractall(folder, filter="data")

@@ -15,7 +15,9 @@ def eval_command(
         "or hf:REPO\\[@split] (task folders or rows). Repeatable.",
     ),
     harness: str | None = typer.Option(
-        None, "--harness", help="nop, oracle, mini-swe-agent, opencode, env-factory."
+        None,
+        "--harness",
+        help="nop, oracle, mini-swe-agent, opencode, claude-code, codex, qwen-code, env-factory.",
     ),
     sandbox: str = typer.Option("local", "--sandbox", help="local, docker or e2b."),
     llm_url: str | None = typer.Option(

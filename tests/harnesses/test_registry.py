@@ -10,7 +10,9 @@ from harnesses.nop import NopHarness
 
 
 def test_built_in_harnesses_follow_the_protocol() -> None:
-    assert set(HARNESS_NAMES) == {"nop", "oracle", "mini-swe-agent", "opencode", "env-factory"}
+    assert set(HARNESS_NAMES) == {
+        "nop", "oracle", "mini-swe-agent", "opencode", "claude-code", "codex", "qwen-code", "env-factory",
+    }  # fmt: skip
     for name in HARNESS_NAMES:
         harness = get_harness(name)
         assert isinstance(harness, Harness)
@@ -23,9 +25,9 @@ def test_each_call_gives_a_fresh_instance() -> None:
 
 def test_an_unknown_name_lists_the_valid_ones() -> None:
     with pytest.raises(UnknownHarness) as caught:
-        get_harness("claude-code")
+        get_harness("no-such-agent")
     message = str(caught.value)
-    assert "'claude-code'" in message
+    assert "'no-such-agent'" in message
     for name in HARNESS_NAMES:
         assert name in message
     assert isinstance(caught.value, KeyError)  # callers that map KeyError to 404 keep working

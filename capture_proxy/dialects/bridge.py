@@ -1,0 +1,104 @@
+"""One agent call in another dialect: translated to chat, captured by the chat path, translated back.
+
+The chat path (`CaptureService.chat_completions`) is used as it is: it admits the call, sends it to the
+engine, records the turn before the last event goes out, and answers 4xx/5xx on failure. This module
+only rewrites what goes in and what comes out, so a Messages or Responses turn is captured exactly as a
+chat turn is, and a stream's closing events still leave only once its turn is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.responses import Response, StreamingResponse
+
+from capture_proxy.calls import parse_body
+from capture_proxy.dialects.base import Dialect, DialectStream
+from capture_proxy.errors import ProxyRequestError
+from capture_proxy.responses import SSE_HEADERS
+from capture_proxy.streaming import DONE, SSEDecoder
+
+if TYPE_CHECKING:
+    from capture_proxy.service import CaptureService
+
+
+async def translate_call(service: CaptureService, dialect: Dialect, headers: Headers, raw: bytes) -> Response:
+    """Answer one agent call of `dialect` through the chat capture path."""
+    try:
+        body = parse_body(raw)
+        chat = dialect.to_chat(body)
+    except ProxyRequestError as exc:
+        service.metrics.error("bad_request")
+        service.metrics.request(dialect.name, exc.status)
+        return dialect.error(exc.status, exc.message, exc.code, exc.param)
+    reply = await service.chat_completions(
+        dialect.authorization(headers), orjson.dumps(chat), dialect=dialect.name
+    )
+    if reply.status_code >= 400:
+        return _error_from_chat(dialect, reply)
+    if not chat.get("stream"):
+        return Response(
+            orjson.dumps(dialect.from_chat(orjson.loads(reply.body), body)), media_type="application/json"
+        )
+    return StreamingResponse(
+        _translated(_chunks_of(reply), dialect.stream(body)),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
+
+
+def _error_from_chat(dialect: Dialect, reply: Response) -> Response:
+    """The chat path's OpenAI-style error, in the agent's dialect with the same status."""
+    try:
+        error = orjson.loads(reply.body).get("error") or {}
+    except (orjson.JSONDecodeError, AttributeError):
+        error = {}
+    message = error.get("message") or f"the capture proxy answered {reply.status_code}"
+    return dialect.error(reply.status_code, message, error.get("code"), error.get("param"))
+
+
+async def _chunks_of(reply: Response) -> AsyncIterator[bytes]:
+    """The chat reply's SSE bytes: a live relay, or a whole body the proxy wrote itself (the step budget)."""
+    if isinstance(reply, StreamingResponse):
+        source = reply.body_iterator
+        try:
+            async for piece in source:
+                yield piece if isinstance(piece, bytes) else str(piece).encode()
+        finally:
+            # A disconnected agent ends the relay too: its engine connection closes, nothing is recorded.
+            await source.aclose()  # type: ignore[attr-defined]
+    else:
+        yield bytes(reply.body)
+
+
+async def _translated(chunks: AsyncIterator[bytes], stream: DialectStream) -> AsyncIterator[bytes]:
+    """The agent's events for a chat stream: opened at once, closed at `[DONE]` (after the turn is
+    stored), or ended by one error event when the relay reports a failure."""
+    decoder = SSEDecoder()
+    yield stream.start()
+    try:
+        async for piece in chunks:
+            out = []
+            for payload in decoder.feed(piece):
+                if payload == DONE:
+                    yield b"".join(out) + stream.finish()
+                    return
+                chunk = orjson.loads(payload)
+                if "error" in chunk:
+                    error = (
+                        chunk["error"]
+                        if isinstance(chunk["error"], dict)
+                        else {"message": str(chunk["error"])}
+                    )
+                    status = chunk.get("status_code") or 502
+                    yield b"".join(out) + stream.fail(status, str(error.get("message") or error))
+                    return
+                out.append(stream.feed(chunk))
+            if out:
+                yield b"".join(out)
+        yield stream.fail(502, "the engine's stream ended before it was complete")
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
