@@ -119,7 +119,7 @@ def agent_router(service: CaptureService) -> APIRouter:
     def translated(dialect: Dialect):
         async def route(request: Request) -> Response:
             try:
-                raw = await read_body(request, limit)
+                raw = await read_body(request, service.config.max_body_bytes)
             except ClientDisconnect:
                 service.metrics.error("client_disconnect")
                 return Response(status_code=400)
