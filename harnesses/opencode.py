@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from harnesses._common import LOG_DIR, tail, timeout_grace
+from harnesses._common import LOG_DIR, completion_budget, tail, timeout_grace
 from harnesses.assets import ensure_asset, extract_member, linux_machine, npm_pack
 from harnesses.base import AgentOutcome, AgentRun
 from harnesses.tool_metrics import ToolResult, summarize
@@ -190,14 +190,8 @@ def model_entry(run: AgentRun) -> dict[str, Any]:
 def model_limit(context_length: int | None, max_tokens: int | None) -> dict[str, int] | None:
     """opencode's `limit` (both keys required by its schema; context 0 means unknown, no compaction):
     the completion size is a share of the context, the session's cap when lower, never above 32,000."""
-    if context_length is None and max_tokens is None:
-        return None
-    output = OUTPUT_TOKEN_MAX
-    if context_length:
-        output = min(output, max(1, context_length // OUTPUT_SHARE))
-    if max_tokens:
-        output = min(output, max_tokens)
-    return {"context": context_length or 0, "output": output}
+    output = completion_budget(context_length, max_tokens, OUTPUT_TOKEN_MAX, share=OUTPUT_SHARE)
+    return None if output is None else {"context": context_length or 0, "output": output}
 
 
 class EventSummary(BaseModel):
