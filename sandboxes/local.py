@@ -99,6 +99,8 @@ class LocalBackend:
         self.layer_cache = self.root / ".layer-cache"
         """Harness layers' files, installed once and copied into each new sandbox."""
         self._bwrap: bool | None = None
+        self._layer_locks: dict[str, asyncio.Lock] = {}
+        """One first install per layer at a time: sandboxes started together wait and reuse it."""
 
     # -- protocol ---------------------------------------------------------------------------------
 
@@ -214,6 +216,8 @@ class LocalSandbox:
         self.network: Network = "host"
         """`isolated`: each exec in its own network namespace, the proxy forwarded in (see start)."""
         self._forwarder: local_network.ProxyForwarder | None = None
+        self._layer_binds: list[tuple[Path, str]] = []
+        """Cached harness layer folders bound read-only (see layer_cache.restore)."""
 
     @property
     def proxy_host(self) -> str:
@@ -328,6 +332,8 @@ class LocalSandbox:
         args += ["--proc", "/proc", "--dev", "/dev"]
         for top in sorted(p.name for p in self.fs.iterdir() if p.is_dir() and not p.is_symlink()):
             args += ["--bind", str(self.fs / top), f"/{top}"]
+        for cached, inside in self._layer_binds:
+            args += ["--ro-bind", str(cached), inside]
         if self._forwarder is not None and self._forwarder.folder is not None:
             args += ["--ro-bind", str(self._forwarder.folder), local_network.NAMESPACE_DIR]
         for prefix in self._python_prefixes():
@@ -539,16 +545,28 @@ class _Provisioner:
         context = Path(layer.context_dir) if layer.context_dir else None
         fs, cache_root = self.sandbox.fs, self.sandbox._backend.layer_cache
         key = await asyncio.to_thread(layer_cache.layer_key, layer)
-        entry = layer_cache.lookup(cache_root, key)
-        if entry is not None:
-            await asyncio.to_thread(layer_cache.restore, entry, fs)
-            await self._apply(instructions, context, where, task=False, files=False)
-            return
+        async with self.sandbox._backend._layer_locks.setdefault(key, asyncio.Lock()):
+            entry = layer_cache.lookup(cache_root, key)
+            if entry is None:
+                await self._install_layer(layer, instructions, context, where, key)
+                return
+        if self.sandbox.use_bwrap:
+            writable = frozenset(_DEFAULT_TOPS) | frozenset(PurePosixPath(self.spec.workdir).parts[1:2])
+            binds = await asyncio.to_thread(layer_cache.restore, entry, fs, copy_under=writable)
+            self.sandbox._layer_binds += binds
+        else:  # nothing to bind into: copy it all
+            await asyncio.to_thread(layer_cache.copy_all, entry, fs)
+        await self._apply(instructions, context, where, task=False, files=False)
+
+    async def _install_layer(
+        self, layer: ImageLayer, instructions: list[Instruction], context: Path | None, where: Path, key: str
+    ) -> None:
+        fs, cache_root = self.sandbox.fs, self.sandbox._backend.layer_cache
         # The first sandbox with this layer installs it (a pip install: tens of seconds): say so.
         started = time.monotonic()
         log.info(
             "installing layer %s into a local sandbox for the first time (its packages); it is cached, "
-            "so later sandboxes copy it in under a second",
+            "so later sandboxes bind it in under a second",
             layer.name,
         )
         before = await asyncio.to_thread(layer_cache.snapshot, fs)
