@@ -4,7 +4,9 @@
 
 - a named dataset shipped with the package (`NAMED_DATASETS`): `builtin`, the coding tasks in
   `tasks/builtin/` (split `builtin`), or `env-tasks`, the white-box environments of
-  `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`);
+  `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`), or
+  `tiny-coding`, coding tasks whose whole solution is one short command (a one-line fix, a one-line
+  function), small enough for the embedded tiny model to learn through a real harness (`tasks/tiny-coding/`);
 - `PATH`: a folder of task folders, or one task folder (split: the folder's name);
 - `hf:REPO[@split]`: a Hugging Face dataset read with `datasets` (split defaults to `train`). REPO is a
   Hub id, a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local
@@ -43,7 +45,12 @@ from tasks.loader import Task, load_task
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
-NAMED_DATASETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "env-tasks": ENV_TASKS_DIR}
+TINY_CODING_DIR = Path(__file__).parent / "tiny-coding"
+NAMED_DATASETS: dict[str, Path] = {
+    "builtin": BUILTIN_DIR,
+    "env-tasks": ENV_TASKS_DIR,
+    "tiny-coding": TINY_CODING_DIR,
+}
 """The datasets shipped with the package, by the name `--dataset` takes (the name is also the split)."""
 _TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
