@@ -1,7 +1,7 @@
 """The scripted teacher on coding tasks: it finds the task by the instruction the harness quotes, plays
 its solve.sh as a `bash` call, then ends the way that harness ends; it streams like an OpenAI server.
-The harness prompts here are mini-swe-agent 2.4.6's own (`minisweagent/config/mini.yaml`, abridged),
-and opencode's `bash` schema requires a `description` (opencode-ai 1.18.33's bash tool)."""
+The harness prompts here are mini-swe-agent 2.4.6's own (`minisweagent/config/mini.yaml`, abridged), and
+opencode's `bash` schema is the one opencode-ai 1.18.33 sent in a captured collect run."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ OPENCODE_BASH = {
         "name": "bash",
         "parameters": {
             "type": "object",
-            "properties": {"command": {"type": "string"}, "description": {"type": "string"},
-                           "timeout": {"type": "number"}},
-            "required": ["command", "description"],
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"},
+                           "workdir": {"type": "string"}},
+            "required": ["command"],
         },
     },
 }  # fmt: skip
@@ -81,16 +81,25 @@ def test_mini_swe_agent_gets_the_fix_then_its_submit_command_then_nothing():
     assert scripts.move({"messages": messages, "tools": [MINI_BASH]}) is None
 
 
-def test_opencode_gets_its_required_description_and_ends_without_a_tool_call():
+def test_opencode_gets_the_fix_and_ends_without_a_tool_call():
     scripts = CodingScripts(TASKS)
     messages = [
         {"role": "system", "content": "You are opencode."},
         {"role": "user", "content": FIX_ADD.instruction},
     ]
     first = scripts.move({"messages": messages, "tools": [OPENCODE_BASH]})
-    assert first == {"command": "sed -i 's/a - b/a + b/' calc.py", "description": "Apply the fix"}
-    messages = answered(messages, first, "")
+    assert first == {"command": "sed -i 's/a - b/a + b/' calc.py"}
+    messages = answered(messages, first, "(no output)")
     assert scripts.move({"messages": messages, "tools": [OPENCODE_BASH]}) is None  # no submit asked for
+
+
+def test_other_required_string_parameters_of_bash_are_filled():
+    strict = json.loads(json.dumps(OPENCODE_BASH))
+    parameters = strict["function"]["parameters"]
+    parameters["properties"]["description"] = {"type": "string"}
+    parameters["required"] = ["command", "description", "timeout"]  # timeout is no string: left alone
+    move = CodingScripts(TASKS).move({"messages": mini_messages(FIX_ADD.instruction), "tools": [strict]})
+    assert move == {"command": "sed -i 's/a - b/a + b/' calc.py", "description": "Apply the fix"}
 
 
 def test_a_conversation_about_no_known_task_gets_no_call():
