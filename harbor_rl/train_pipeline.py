@@ -107,6 +107,11 @@ CODING_SPLIT = "tiny-coding"
 """The embedded coding path's tasks (tasks/tiny-coding/): solutions a tiny model can learn in minutes."""
 
 
+CONTEXT_LENGTH = 16384
+"""Tokens the embedded engine serves and SFT keeps per conversation: opencode's system prompt and tool
+schemas alone run to several thousand tokens of the tiny tokenizer (the tiny model has 32,768 positions)."""
+
+
 def default_split(harness: str) -> str:
     """The embedded server's split for `harness`: the white-box environments, or the tiny coding tasks."""
     return "env-tasks" if harness == "env-factory" else CODING_SPLIT
@@ -162,7 +167,9 @@ def embedded_engine(model_path: Path, served_name: str) -> Iterator[str]:
     from engine.in_process import serve_in_thread
     from engine.server import EngineConfig, create_app
 
-    app = create_app(EngineConfig(model=str(model_path), served_model_name=served_name, max_model_len=4096))
+    app = create_app(
+        EngineConfig(model=str(model_path), served_model_name=served_name, max_model_len=CONTEXT_LENGTH)
+    )
     with contextlib.ExitStack() as stack:
         try:  # loading a model folder takes a while: more than a test app's start-up allowance
             url = stack.enter_context(serve_in_thread(app, start_timeout_s=120, log_level="warning"))
@@ -307,7 +314,7 @@ def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_pro
     sft = SFTConfig(
         data=str(demos), model=str(model_path), output_dir=str(output_dir / "sft"), seed=seed,
         task_ids=run.tasks, max_steps=run.sft_steps, per_device_train_batch_size=run.sft_batch_size,
-        learning_rate=run.sft_learning_rate,
+        learning_rate=run.sft_learning_rate, max_length=CONTEXT_LENGTH,
     )  # fmt: skip
     result = run_sft(
         sft,
