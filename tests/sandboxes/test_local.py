@@ -120,7 +120,8 @@ async def test_sandboxes_started_together_install_a_layer_once_and_bind_it_read_
     sandboxes = [*first, later]
     try:
         stamps = {(await s.exec("cat /opt/agent/stamp")).stdout for s in sandboxes}
-        assert len(stamps) == 1 and len(stamps.copy().pop()) > 8  # one install, reused by the two that waited and by the later one
+        # One install, reused by the two that waited and by the later one.
+        assert len(stamps) == 1 and len(stamps.copy().pop()) > 8
         assert sum("installing layer bound-agent" in r.getMessage() for r in caplog.records) == 1
         tamper = await later.exec("echo evil > /opt/agent/stamp; cat /opt/agent/stamp")
         assert "Read-only file system" in tamper.stderr and tamper.stdout == stamps.pop()
