@@ -38,7 +38,7 @@ from evaluation.jobs import classify_error, error_line, job_store_url, write_jso
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, token_counts
 from evaluation.runner import load_datasets, print_errors, select_tasks
 from harbor_server import RolloutRequest
-from tasks import Dataset
+from tasks import Dataset, Task
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
@@ -274,12 +274,17 @@ class CollectSummary(BaseModel):
 
 
 @contextlib.asynccontextmanager
-async def teacher(config: CollectConfig) -> AsyncIterator[tuple[str, str]]:
-    """(OpenAI base URL, model) of the teacher; the scripted one is served for the run's duration."""
+async def teacher(config: CollectConfig, tasks: list[Task] | None = None) -> AsyncIterator[tuple[str, str]]:
+    """(OpenAI base URL, model) of the teacher; the scripted one is served for the run's duration.
+
+    `tasks`: what a coding harness may meet; the scripted teacher plays their solutions (a harness other
+    than env-factory offers it `bash`, not the white-box tools)."""
     if config.provider == "scripted":
         from evaluation.scripted import SCRIPTED_MODEL, scripted_teacher
+        from evaluation.scripted_coding import CodingScripts
 
-        async with scripted_teacher() as url:
+        coding = CodingScripts(tasks) if tasks and config.harness != "env-factory" else None
+        async with scripted_teacher(coding) as url:
             yield url, SCRIPTED_MODEL
         return
     if config.llm_url is None or config.model is None:  # CollectConfig refuses this; a guard for copies
@@ -327,7 +332,8 @@ async def run_collect(
         "min_reward": config.min_reward,
     }
     if todo:
-        async with teacher(config) as (llm_url, model):
+        planned = [datasets[split].get(task_id) for split, task_id in dict.fromkeys(plan.values())]
+        async with teacher(config, planned) as (llm_url, model):
             base["model"] = model
             async with LocalHarbor(
                 datasets,

@@ -8,9 +8,12 @@ call is stored as a capture session. Only the "model" is a script:
 - `echo` tool offered: echo the phrase the instruction asks for (the text after its last ": "), once.
 - `guess` tool offered (the word game): guess the first word of `WORDS` consistent with all feedback
   seen so far; the game's own feedback rule decides consistency, so it always wins within six.
+- `bash` offered (a coding harness: mini-swe-agent, opencode): play the task's `solution/solve.sh` as
+  the harness's own tool calls (`evaluation.scripted_coding`), when the run gave it the tasks.
 - anything else: answer in plain text that there is no script for these tools (the episode ends).
 
-It returns no token ids or logprobs, as a remote API would not; eval sessions record the text.
+It answers streamed requests with a real SSE stream (opencode streams every call), in one content
+chunk. It returns no token ids or logprobs, as a remote API would not; eval sessions record the text.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from evaluation.scripted_coding import BASH, CodingScripts
 from harbor_server import free_port
 from tasks.environments.wordle import WORDS, feedback
 
@@ -88,79 +92,75 @@ def wordle_move(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 SCRIPTS = {"echo": echo_move, "guess": wordle_move}
 
 
-def scripted_reply(body: dict[str, Any]) -> dict[str, Any]:
+def scripted_reply(body: dict[str, Any], coding: CodingScripts | None = None) -> dict[str, Any]:
     """The assistant message the script sends for this request."""
     messages = body.get("messages") or []
     offered = _tool_names(body)
     for tool, move in SCRIPTS.items():
         if tool in offered:
-            arguments = move(messages)
-            if arguments is None:
-                return {"role": "assistant", "content": "Done."}
-            call_id = f"call_{uuid.uuid4().hex[:12]}"
-            return {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": tool, "arguments": json.dumps(arguments)},
-                    }
-                ],
-            }
+            return _tool_call_or_done(tool, move(messages))
+    if BASH in offered and coding is not None:
+        return _tool_call_or_done(BASH, coding.move(body))
     return {"role": "assistant", "content": NO_SCRIPT}
+
+
+def _tool_call_or_done(tool: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    if arguments is None:
+        return {"role": "assistant", "content": "Done."}
+    call_id = f"call_{uuid.uuid4().hex[:12]}"
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": tool, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
+
+
+def _sse(chunks: list[dict[str, Any]]):
+    async def events():
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _stream_chunks(reply: dict[str, Any], body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The reply as OpenAI's chat.completion.chunk sequence: the whole message in one delta, the
+    finish reason, and the usage chunk when `stream_options.include_usage` asks for it."""
+    choice = reply["choices"][0]
+    message = choice["message"]
+    delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [
+        head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        head | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+    ]
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append(head | {"choices": [], "usage": reply["usage"]})
+    return chunks
 
 
 def _approx_tokens(text: str) -> int:
     return max(1, len(text) // 4)
 
 
-def create_scripted_app() -> FastAPI:
+def create_scripted_app(coding: CodingScripts | None = None) -> FastAPI:
+    """`coding`: the solutions of the coding tasks this run may meet (None: white-box scripts only)."""
     app = FastAPI(title="harbor scripted teacher")
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request):
         body = await request.json()
-        if body.get("stream"):
-            return JSONResponse(
-                {
-                    "error": {
-                        "message": "the scripted teacher does not stream",
-                        "type": "invalid_request_error",
-                    }
-                },
-                status_code=400,
-            )
-        message = scripted_reply(body)
-        prompt = sum(_approx_tokens(json.dumps(m)) for m in body.get("messages") or [])
-        said = message["content"] + "".join(
-            c["function"]["arguments"] for c in message.get("tool_calls") or []
-        )
-        # Usage like an engine's: never more than the max_tokens asked for (loops budget by it).
-        completion = min(
-            _approx_tokens(said), body.get("max_tokens") or body.get("max_completion_tokens") or 1 << 30
-        )
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model") or SCRIPTED_MODEL,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "total_tokens": prompt + completion,
-                },
-            }
-        )
+        reply = _completion(body, coding)
+        return _sse(_stream_chunks(reply, body)) if body.get("stream") else JSONResponse(reply)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -173,13 +173,41 @@ def create_scripted_app() -> FastAPI:
     return app
 
 
+def _completion(body: dict[str, Any], coding: CodingScripts | None) -> dict[str, Any]:
+    message = scripted_reply(body, coding)
+    prompt = sum(_approx_tokens(json.dumps(m)) for m in body.get("messages") or [])
+    said = message["content"] + "".join(c["function"]["arguments"] for c in message.get("tool_calls") or [])
+    # Usage like an engine's: never more than the max_tokens asked for (loops budget by it).
+    completion = min(
+        _approx_tokens(said), body.get("max_tokens") or body.get("max_completion_tokens") or 1 << 30
+    )
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or SCRIPTED_MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    }
+
+
 @contextlib.asynccontextmanager
-async def scripted_teacher() -> AsyncIterator[str]:
+async def scripted_teacher(coding: CodingScripts | None = None) -> AsyncIterator[str]:
     """Serve the scripted teacher on this loop; yields its OpenAI base URL (…/v1)."""
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            create_scripted_app(), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+            create_scripted_app(coding), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
         )
     )
     task = asyncio.create_task(server.serve(), name="scripted-teacher")

@@ -3,6 +3,7 @@
     harbor train --server-url http://localhost:8200 --split builtin --harness mini-swe-agent \\
                  --sandbox docker --llm-url http://localhost:8000/v1 --model /models/qwen
     harbor train                         # embedded: engine + server in-process, built-in white-box tasks
+    harbor train --harness mini-swe-agent   # embedded, the coding path: the real agent, tiny coding tasks
 
 With no `server_url`, the embedded engine (serving `model`, `tiny` by default) and a Harbor server start
 in this process (local sandbox, SQLite store in the output folder, the built-in white-box environments),
@@ -10,9 +11,10 @@ weights are pushed over gloo, and the policy is evaluated before and after train
 
 With `sft_steps > 0` (the embedded default of `harbor train`, EMBEDDED_DEFAULTS) a supervised warm-up
 comes first, because GRPO learns nothing from a policy that never succeeds: scripted demonstrations
-are collected on the white-box tasks (`harbor collect --provider scripted`), the model is fine-tuned on
-them for a few steps (`harbor sft`), and the engine then serves the fine-tuned folder, which GRPO
-starts from. The warm-up is deliberately short: a policy that succeeds sometimes, so GRPO has groups
+are collected through the training harness (`harbor collect --harness H --provider scripted`: on the
+white-box tasks for env-factory, and for a coding harness each tiny coding task's solution played as
+that harness's own tool calls), the model is fine-tuned on them for a few steps (`harbor sft`), and the
+engine then serves the fine-tuned folder, which GRPO starts from. The warm-up is deliberately short: a policy that succeeds sometimes, so GRPO has groups
 with spread to learn from.
 """
 
@@ -63,11 +65,14 @@ class TrainRun(BaseModel):
     """Where the embedded engine runs (no `server_url`): `cuda` puts it on the trainer's GPU too."""
     agent_timeout_sec: float = Field(default=120.0, gt=0)
     """Seconds an agent may run in one rollout."""
+    agent_step_limit: int = Field(default=0, ge=0)
+    """Most model calls an agent may make in one rollout (0: the harness's own limit)."""
     eval_episodes: int = Field(default=16, ge=0)
     """Episodes evaluated before and after training (0: no evaluation)."""
     sft_steps: int = Field(default=0, ge=0)
-    """Supervised warm-up steps on scripted demonstrations before GRPO (0: none). Embedded server and
-    the env-factory harness only: the scripted teacher plays the built-in white-box environments."""
+    """Supervised warm-up steps on scripted demonstrations before GRPO (0: none). Embedded server only:
+    the scripted teacher plays the built-in white-box environments, or the tiny coding tasks' solutions
+    through a coding harness."""
     sft_learning_rate: float = Field(default=1e-3, gt=0)
     """AdamW learning rate of the supervised warm-up."""
     sft_batch_size: int = Field(default=4, ge=1)
@@ -93,13 +98,28 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 """What `harbor train` with no server URL runs; any flag or `--set` overrides a key."""
 
 CODING_DEFAULTS: dict[str, Any] = {
-    # `--harness mini-swe-agent` (or another coding harness) on the embedded server: the built-in coding
-    # tasks, no scripted warm-up (the scripted teacher only plays the white-box environments), small
-    # groups, since every rollout is an agent in a sandbox.
-    "tasks": None, "sft_steps": 0, "base_eval_episodes": 0, "eval_episodes": 2, "num_generations": 2,
-    "per_device_train_batch_size": 2, "max_concurrent_rollouts": 2, "max_steps": 2,
+    # `--harness mini-swe-agent` (or another coding harness) on the embedded server: the tiny coding
+    # tasks (a one-line fix, a one-line function), scripted demonstrations through the real harness
+    # (the solution, then the harness's submit), a few model calls per rollout (the fix and the submit,
+    # and one spare), smaller groups, since every rollout is an agent in a sandbox.
+    "tasks": None, "sft_steps": 30, "demo_episodes": 9, "base_eval_episodes": 0, "eval_episodes": 24,
+    "num_generations": 4, "per_device_train_batch_size": 8, "max_concurrent_rollouts": 8, "max_steps": 12,
+    "agent_step_limit": 3, "max_completion_length": 96, "output_dir": "runs/train-coding",
 }  # fmt: skip
 """Overrides of EMBEDDED_DEFAULTS when the harness is not `env-factory`."""
+
+CODING_SPLIT = "tiny-coding"
+"""The embedded coding path's tasks (tasks/tiny-coding/): solutions a tiny model can learn in minutes."""
+
+
+CONTEXT_LENGTH = 16384
+"""Tokens the embedded engine serves and SFT keeps per conversation: opencode's system prompt and tool
+schemas alone run to several thousand tokens of the tiny tokenizer (the tiny model has 32,768 positions)."""
+
+
+def default_split(harness: str) -> str:
+    """The embedded server's split for `harness`: the white-box environments, or the tiny coding tasks."""
+    return "env-tasks" if harness == "env-factory" else CODING_SPLIT
 
 
 @dataclass
@@ -153,7 +173,7 @@ def embedded_engine(model_path: Path, served_name: str, device: str = "cpu") -> 
     from engine.server import EngineConfig, create_app
 
     app = create_app(EngineConfig(
-        model=str(model_path), served_model_name=served_name, max_model_len=4096, device=device
+        model=str(model_path), served_model_name=served_name, max_model_len=CONTEXT_LENGTH, device=device
     ))  # fmt: skip
     with contextlib.ExitStack() as stack:
         try:  # loading a model folder takes a while: more than a test app's start-up allowance
@@ -165,12 +185,12 @@ def embedded_engine(model_path: Path, served_name: str, device: str = "cpu") -> 
 
 @contextlib.contextmanager
 def embedded_server(output_dir: Path, llm_url: str, model: str, capacity: int, sandbox: str) -> Iterator[str]:
-    """A Harbor server over the built-in white-box environments (split `env-tasks`) and the built-in
-    coding tasks (split `builtin`), in this process; yields its URL."""
+    """A Harbor server over the built-in white-box environments (split `env-tasks`), the built-in
+    coding tasks (split `builtin`) and the tiny coding tasks (`tiny-coding`), in this process; yields its URL."""
     from harbor_server import ServeConfig, free_port, running_server
 
     config = ServeConfig(
-        datasets=["env-tasks", "builtin"], llm_url=llm_url, model=model, port=free_port(),
+        datasets=["env-tasks", "builtin", CODING_SPLIT], llm_url=llm_url, model=model, port=free_port(),
         capture_port=free_port(), capture_host="127.0.0.1" if sandbox == "local" else "0.0.0.0", sandbox=sandbox, store_url=f"sqlite:///{output_dir.resolve()}/traces.db",
         check_engine=False, max_concurrent_envs=capacity,
         server_id="embedded",  # its port changes each run; the id must not, so a crashed run's leftovers are failed
@@ -241,7 +261,7 @@ def rollout_source(
             server_url = stack.enter_context(
                 embedded_server(output_dir, llm_url, served, config.max_concurrent_rollouts + 1, run.sandbox)
             )
-            split = split or ("env-tasks" if run.harness == "env-factory" else "builtin")
+            split = split or default_split(run.harness)
         elif "vllm_server_base_url" not in config.model_fields_set and llm_url is not None:
             # The engine the agents call is the one to push weights to, unless the user said otherwise.
             config = config.model_copy(
@@ -253,7 +273,8 @@ def rollout_source(
             raise TrainerConfigError("--llm-url is required with --server-url (the engine the agents call)")
         factory = functools.partial(
             HarborSessionFactory, server_url, split=split, harness=run.harness, sandbox=run.sandbox,
-            llm_url=llm_url, model=served, agent_timeout_sec=run.agent_timeout_sec, capacity_wait_s=60.0,
+            llm_url=llm_url, model=served, agent_timeout_sec=run.agent_timeout_sec,
+            agent_step_limit=run.agent_step_limit, capacity_wait_s=60.0,
         )  # fmt: skip
         with HarborSessionFactory(server_url, split=split, harness=run.harness) as lister:
             rows = list(lister.prompt_rows())
@@ -265,8 +286,8 @@ def rollout_source(
 
 
 def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
-    """Scripted demonstrations of the training tasks on the built-in white-box environments: the
-    `results.jsonl` of `harbor collect --provider scripted` (episodes already there are kept)."""
+    """Scripted demonstrations of the training tasks through the training harness: the `results.jsonl`
+    of `harbor collect --harness H --provider scripted` (episodes already there are kept)."""
     import asyncio
 
     from rich.console import Console
@@ -275,8 +296,9 @@ def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
     from evaluation.errors import EvaluationError
 
     collect = CollectConfig(
-        datasets=["env-tasks"], provider="scripted", task_globs=run.tasks or [],
-        num_episodes=run.demo_episodes, prefix="demo", n_concurrent=4,
+        datasets=[run.split or default_split(run.harness)], harness=run.harness, sandbox=run.sandbox,
+        provider="scripted", task_globs=run.tasks or [], num_episodes=run.demo_episodes, prefix="demo",
+        n_concurrent=4, agent_step_limit=run.agent_step_limit,
     )  # fmt: skip
     try:  # quiet: the caller shows one progress display for the whole run
         summary = asyncio.run(run_collect(collect, out_dir=out_dir, resume=True, console=Console(quiet=True)))
@@ -297,7 +319,7 @@ def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_pro
     sft = SFTConfig(
         data=str(demos), model=str(model_path), output_dir=str(output_dir / "sft"), seed=seed,
         task_ids=run.tasks, max_steps=run.sft_steps, per_device_train_batch_size=run.sft_batch_size,
-        learning_rate=run.sft_learning_rate,
+        learning_rate=run.sft_learning_rate, max_length=CONTEXT_LENGTH,
     )  # fmt: skip
     result = run_sft(
         sft,
@@ -329,11 +351,11 @@ def run_training(
             "--server-url and --llm-url"
         )
     main = os.environ.get("RANK", "0") == "0"  # only rank 0 evaluates: the policy is the same on all
-    if run.sft_steps and (run.server_url is not None or run.harness != "env-factory"):
+    if run.sft_steps and run.server_url is not None:
         raise TrainerConfigError(
-            "the SFT warm-up (sft_steps > 0) plays the built-in white-box environments with the scripted "
-            "teacher, so it needs the embedded server and --harness env-factory; for another setup run "
-            "`harbor collect` and `harbor sft` first and pass the fine-tuned folder as --model"
+            "the SFT warm-up (sft_steps > 0) collects scripted demonstrations on the embedded server, so "
+            "it does not run with --server-url; run `harbor collect` and `harbor sft` first and pass the "
+            "fine-tuned folder as --model"
         )
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,11 @@
-"""What a harness layer wrote into a local sandbox, kept so the next sandbox copies it instead of
-installing again (a pip install of mini-swe-agent costs 30-60 s; the copy well under a second).
+"""What a harness layer wrote into a local sandbox, kept so the next sandbox reuses it instead of
+installing again (a pip install of mini-swe-agent costs 30-60 s).
+
+Reuse binds, it does not copy: every folder the layer created whole (mini-swe-agent's 700 MB
+virtualenv under /opt) is bound read-only from the cache into the next sandboxes, so starting and
+removing a sandbox costs no copy (copying it took 15 s and removing it 50 s on a busy machine); the
+agent can run those files but not change them, so no rollout alters what later ones get. The few files
+a layer writes into folders that already existed are copied.
 
 A layer's files are the difference of the sandbox's folder before and after its instructions ran;
 its ENV, WORKDIR and USER lines are cheap and are replayed instead. The key is the layer's
@@ -72,7 +78,41 @@ def save(fs: Path, before: Snapshot, cache_root: Path, key: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def restore(entry: Path, fs: Path) -> None:
+def restore(entry: Path, fs: Path, *, copy_under: frozenset[str]) -> list[tuple[Path, str]]:
+    """Put the layer of `entry` into the sandbox folder `fs`; returns the (cached folder, sandbox path)
+    pairs to bind read-only: the folders the layer created whole. The rest is copied, and so is all
+    it wrote under the top-level folders `copy_under` (/root, /tmp, the workdir: the agent's to write)."""
+    binds: list[tuple[Path, str]] = []
+    _restore_into(entry / "fs", fs, "", binds, copy_under)
+    return binds
+
+
+def copy_all(entry: Path, fs: Path) -> None:
+    """The whole layer copied into `fs` (a sandbox without bwrap has no binds)."""
+    _copy(entry / "fs", fs)
+
+
+def _restore_into(
+    cached: Path, fs: Path, relative: str, binds: list[tuple[Path, str]], copy_under: frozenset[str]
+) -> None:
+    for item in sorted(cached.iterdir()):
+        rel = f"{relative}/{item.name}"
+        target = fs / rel.lstrip("/")
+        if not item.is_dir() or item.is_symlink() or (not relative and item.name in copy_under):
+            _copy(item, target)
+        elif not target.exists() and not target.is_symlink():
+            binds.append((item, rel))
+        elif target.is_dir() and not target.is_symlink():
+            _restore_into(item, fs, rel, binds, copy_under)
+
+
+def _copy(source: Path, target: Path) -> None:
     # cp -a keeps modes, symlinks and owners, and copies (never links): the agent may change these
-    # files, and the cache must not change with them.
-    subprocess.run(["cp", "-a", f"{entry / 'fs'}/.", f"{fs}/"], check=True, capture_output=True)
+    # files, and the cache must not change with them. `dir/.` merges a folder into an existing one.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_dir() and not source.is_symlink():
+        target.mkdir(exist_ok=True)
+        args = [f"{source}/.", f"{target}/"]
+    else:
+        args = [str(source), str(target)]
+    subprocess.run(["cp", "-a", *args], check=True, capture_output=True)

@@ -6,9 +6,13 @@ Each rollout gets `ROOT/<name>-<id>/fs/`, whose top-level folders (`app`, `logs`
 see the same paths as in a container. Environment variables are cleared: only the image's `ENV`, the
 spec's env and a sane PATH/HOME enter, so host secrets never do.
 
-No isolation claims beyond that: the network is shared with the host (the capture proxy is reached on
-127.0.0.1) and there are no CPU or memory limits. Without bwrap commands run unisolated on the host
-with a clear warning, and absolute task paths such as `/app` do not exist.
+The network: a task without `allow_internet` (`network_mode = "no-network"`) runs each exec in its own
+network namespace where only the capture proxy is reachable, at the 127.0.0.1 address the harness is
+given (`sandboxes/local_network.py`); `allow_internet = true` (`public`) shares the host's network;
+`allowlist` cannot be filtered by host here and is refused. Provisioning (the Dockerfile's `RUN` steps)
+runs on the host's network, as `docker build` does. No CPU or memory limits. Without bwrap commands
+run unisolated on the host, network included, with a clear warning, and absolute task paths such as
+`/app` do not exist.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from sandboxes import layer_cache
+from sandboxes import layer_cache, local_network
 from sandboxes.base import ExecResult, ImageLayer, SandboxSpec
 from sandboxes.dockerfile import (
     Instruction,
@@ -64,6 +68,7 @@ _SUGGEST_DOCKER = "use `--sandbox docker` for this task"
 _MAX_SYMLINK_HOPS = 40
 
 Isolation = Literal["auto", "bwrap", "none"]
+Network = Literal["host", "isolated"]
 
 
 def default_root() -> Path:
@@ -94,16 +99,20 @@ class LocalBackend:
         self.layer_cache = self.root / ".layer-cache"
         """Harness layers' files, installed once and copied into each new sandbox."""
         self._bwrap: bool | None = None
+        self._layer_locks: dict[str, asyncio.Lock] = {}
+        """One first install per layer at a time: sandboxes started together wait and reuse it."""
 
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         use_bwrap = await self._use_bwrap()
         folder = self.root / f"{_safe_name(spec.name)}-{uuid.uuid4().hex[:8]}"
+        network = self._network_for(spec, use_bwrap)
         sandbox = LocalSandbox(spec, folder, use_bwrap=use_bwrap, backend=self)
         try:
             await asyncio.to_thread(sandbox._create_layout)
-            await _Provisioner(sandbox).run()
+            await _Provisioner(sandbox).run()  # on the host's network, as `docker build` is
+            await sandbox._enter_network(network)
         except BaseException:
             await sandbox.stop()
             raise
@@ -111,7 +120,12 @@ class LocalBackend:
 
     async def health(self) -> str:
         if await self._use_bwrap():
-            return f"local: ready, bubblewrap isolation, folders under {self.root}"
+            net = (
+                "only the capture proxy on the network"
+                if local_network.socat_path()
+                else "host network (no socat)"
+            )
+            return f"local: ready, bubblewrap isolation, {net}, folders under {self.root}"
         return f"local: ready WITHOUT isolation (bwrap missing or unusable), folders under {self.root}"
 
     async def sweep(self) -> int:
@@ -119,6 +133,23 @@ class LocalBackend:
         return await asyncio.to_thread(self._sweep)
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _network_for(self, spec: SandboxSpec, use_bwrap: bool) -> Network:
+        """Where the task's network mode puts this sandbox: its own namespace, or the host's network."""
+        if spec.network_mode == "allowlist":
+            raise UnsupportedEnvironment(
+                f"network_mode 'allowlist' ({', '.join(spec.allowed_hosts)}): the local sandbox cannot "
+                f"filter by host; {_SUGGEST_DOCKER}"
+            )
+        if not use_bwrap or spec.network_mode == "public":
+            return "host"
+        if spec.proxy_port is not None and local_network.socat_path() is None:
+            problem = "socat is not installed (apt-get install socat), so the capture proxy cannot be forwarded into the sandbox's own network namespace"
+            if self.isolation == "bwrap":
+                raise SandboxUnavailable(f"local sandbox isolation was required but {problem}")
+            log.warning("%s: local sandboxes share the HOST's network", problem)
+            return "host"
+        return "isolated"
 
     def _sweep(self) -> int:
         if not self.root.is_dir():
@@ -132,6 +163,8 @@ class LocalBackend:
                 continue
             if data.get("host") == socket.gethostname() and _pid_alive(int(data.get("pid", 0))):
                 continue
+            if data.get("net_folder"):
+                shutil.rmtree(data["net_folder"], ignore_errors=True)
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
         return removed
@@ -180,11 +213,24 @@ class LocalSandbox:
         self._default_user: str | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
         self._stopped = False
+        self.network: Network = "host"
+        """`isolated`: each exec in its own network namespace, the proxy forwarded in (see start)."""
+        self._forwarder: local_network.ProxyForwarder | None = None
+        self._layer_binds: list[tuple[Path, str]] = []
+        """Cached harness layer folders bound read-only (see layer_cache.restore)."""
 
     @property
     def proxy_host(self) -> str:
-        # The network namespace is the host's, so the proxy is where the host sees it.
+        # The host's own address, or in an isolated namespace the forwarder listening at the same one.
         return "127.0.0.1"
+
+    async def _enter_network(self, network: Network) -> None:
+        """From now on every exec runs on `network`; an isolated one gets the proxy forwarder."""
+        if network == "isolated" and self.spec.proxy_port is not None:
+            self._forwarder = local_network.ProxyForwarder(self.spec.proxy_port)
+            net_folder = await self._forwarder.start()
+            await asyncio.to_thread(self._write_owner, net_folder=str(net_folder))
+        self.network = network
 
     # -- exec -------------------------------------------------------------------------------------
 
@@ -208,6 +254,8 @@ class LocalSandbox:
             top = PurePosixPath(workdir).parts[1:2]
             if top and top[0] not in _SYSTEM_TOPS:  # system folders exist already, read-only
                 self._host_path(workdir).mkdir(parents=True, exist_ok=True)
+            if self._forwarder is not None:
+                argv = local_network.launcher_argv(self._forwarder.port, argv)
             args = self._bwrap_args(workdir, full_env, uid, gid) + ["--", *argv]
             return await self._run(args, env={}, cwd=None, timeout_s=timeout_s)
         if (uid, gid) != (os.getuid(), os.getgid()):
@@ -266,7 +314,8 @@ class LocalSandbox:
 
     def _bwrap_args(self, workdir: str, env: dict[str, str], uid: int, gid: int) -> list[str]:
         args = [
-            "bwrap", "--unshare-all", "--share-net", "--die-with-parent", "--new-session",
+            "bwrap", "--unshare-all", *(["--share-net"] if self.network == "host" else []),
+            "--die-with-parent", "--new-session",
             "--hostname", _safe_name(self.spec.name)[:63],
             "--ro-bind", "/usr", "/usr",
         ]  # fmt: skip
@@ -283,6 +332,10 @@ class LocalSandbox:
         args += ["--proc", "/proc", "--dev", "/dev"]
         for top in sorted(p.name for p in self.fs.iterdir() if p.is_dir() and not p.is_symlink()):
             args += ["--bind", str(self.fs / top), f"/{top}"]
+        for cached, inside in self._layer_binds:
+            args += ["--ro-bind", str(cached), inside]
+        if self._forwarder is not None and self._forwarder.folder is not None:
+            args += ["--ro-bind", str(self._forwarder.folder), local_network.NAMESPACE_DIR]
         for prefix in self._python_prefixes():
             args += ["--ro-bind", prefix, prefix]
         args += ["--chdir", workdir, "--uid", str(uid), "--gid", str(gid), "--clearenv"]
@@ -385,6 +438,8 @@ class LocalSandbox:
         self._stopped = True
         for proc in list(self._procs):
             _kill_group(proc)
+        if self._forwarder is not None:
+            await self._forwarder.stop()
         await asyncio.to_thread(shutil.rmtree, self.folder, True)
 
     # -- paths ------------------------------------------------------------------------------------
@@ -436,15 +491,18 @@ class LocalSandbox:
         for top in _DEFAULT_TOPS:
             (self.fs / top).mkdir(parents=True, exist_ok=True)
         self._host_path(self._absolute(self.spec.workdir)).mkdir(parents=True, exist_ok=True)
-        (self.folder / "owner.json").write_text(
-            json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-        )
+        self._write_owner()
         # `bash -l` sources /etc/profile, which resets PATH; keep the host Python first on it.
         profile = Path("/etc/profile").read_text() if Path("/etc/profile").is_file() else ""
         prefixes = ":".join(f"{p}/bin" for p in self._python_prefixes())
         if prefixes:
             profile += f'\n# harbor-rl local sandbox: the host Python stands in for the base image\nexport PATH="{prefixes}:$PATH"\n'
         (self.folder / "profile").write_text(profile)
+
+    def _write_owner(self, **extra: str) -> None:
+        """Who owns this folder (and what else to remove with it), for `sweep` after a crash."""
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), **extra}
+        (self.folder / "owner.json").write_text(json.dumps(owner))
 
     def _check_running(self) -> None:
         if self._stopped:
@@ -487,16 +545,28 @@ class _Provisioner:
         context = Path(layer.context_dir) if layer.context_dir else None
         fs, cache_root = self.sandbox.fs, self.sandbox._backend.layer_cache
         key = await asyncio.to_thread(layer_cache.layer_key, layer)
-        entry = layer_cache.lookup(cache_root, key)
-        if entry is not None:
-            await asyncio.to_thread(layer_cache.restore, entry, fs)
-            await self._apply(instructions, context, where, task=False, files=False)
-            return
+        async with self.sandbox._backend._layer_locks.setdefault(key, asyncio.Lock()):
+            entry = layer_cache.lookup(cache_root, key)
+            if entry is None:
+                await self._install_layer(layer, instructions, context, where, key)
+                return
+        if self.sandbox.use_bwrap:
+            writable = frozenset(_DEFAULT_TOPS) | frozenset(PurePosixPath(self.spec.workdir).parts[1:2])
+            binds = await asyncio.to_thread(layer_cache.restore, entry, fs, copy_under=writable)
+            self.sandbox._layer_binds += binds
+        else:  # nothing to bind into: copy it all
+            await asyncio.to_thread(layer_cache.copy_all, entry, fs)
+        await self._apply(instructions, context, where, task=False, files=False)
+
+    async def _install_layer(
+        self, layer: ImageLayer, instructions: list[Instruction], context: Path | None, where: Path, key: str
+    ) -> None:
+        fs, cache_root = self.sandbox.fs, self.sandbox._backend.layer_cache
         # The first sandbox with this layer installs it (a pip install: tens of seconds): say so.
         started = time.monotonic()
         log.info(
             "installing layer %s into a local sandbox for the first time (its packages); it is cached, "
-            "so later sandboxes copy it in under a second",
+            "so later sandboxes bind it in under a second",
             layer.name,
         )
         before = await asyncio.to_thread(layer_cache.snapshot, fs)

@@ -4,7 +4,9 @@
 
 - a named dataset shipped with the package (`NAMED_DATASETS`): `builtin`, the coding tasks in
   `tasks/builtin/` (split `builtin`), or `env-tasks`, the white-box environments of
-  `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`);
+  `tasks.environments` run by the `env-factory` harness, in `tasks/env-tasks/` (split `env-tasks`), or
+  `tiny-coding`, coding tasks whose whole solution is one short command (a one-line fix, a one-line
+  function), small enough for the embedded tiny model to learn through a real harness (`tasks/tiny-coding/`);
 - `PATH`: one task folder, a folder of task folders, or a folder of folders of them (`tasks/<name>/`,
   `<group>/<subgroup>/<task>/`; see `task_dirs`) (split: the folder's name);
 - `NAME@VERSION`: a dataset of Harbor's registry (`tasks.registry`: the registry file and the git
@@ -48,7 +50,12 @@ from tasks.registry import REGISTRY_SPEC_RE, registry_task_dirs
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
-NAMED_DATASETS: dict[str, Path] = {"builtin": BUILTIN_DIR, "env-tasks": ENV_TASKS_DIR}
+TINY_CODING_DIR = Path(__file__).parent / "tiny-coding"
+NAMED_DATASETS: dict[str, Path] = {
+    "builtin": BUILTIN_DIR,
+    "env-tasks": ENV_TASKS_DIR,
+    "tiny-coding": TINY_CODING_DIR,
+}
 """The datasets shipped with the package, by the name `--dataset` takes (the name is also the split)."""
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
 

@@ -189,7 +189,7 @@ def register(app: typer.Typer) -> None:
         # The embedded default: warm-up, GRPO and evaluations, in minutes on two CPU cores.
         if "server_url" not in data:
             defaults = dict(EMBEDDED_DEFAULTS)
-            if data.get("harness", "env-factory") != "env-factory":  # the coding path: no scripted warm-up
+            if data.get("harness", "env-factory") != "env-factory":  # the coding path: tiny coding tasks
                 defaults.update(CODING_DEFAULTS)
             if data.get("model", "tiny") != "tiny":  # the warm-up's settings suit the tiny model only
                 defaults.update(sft_steps=0, base_eval_episodes=0)

@@ -1,6 +1,7 @@
 """Isolation: a session key opens its own session's agent routes and nothing else; the sandbox-facing
 port has no admin route even for the admin key; the host's secrets reach no sandbox, neither its
-environment nor any file or process it can read, on the local (bubblewrap) and Docker backends.
+environment nor any file or process it can read, on the local (bubblewrap) and Docker backends; a local
+sandbox reaches the capture proxy and no other port of the host unless its task allows the internet.
 
 Real components: the capture proxy and `harbor serve` on 127.0.0.1, SQLite stores, bubblewrap, the
 Docker engine (those cases are marked `docker` and skip without an engine or the base image). The
@@ -9,7 +10,9 @@ engine is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 import uuid
 from pathlib import Path
 
@@ -142,6 +145,24 @@ workdir = "/app"
 """
 
 
+def run_oracle(config, task_id: str):
+    """One oracle rollout of `task_id` on a fresh `harbor serve`; its finished result."""
+    with (
+        running_server(config) as server,
+        HarborSessionFactory(
+            server.url, split="tasks", harness="oracle", llm_url=UNUSED_ENGINE, model="m"
+        ) as f,
+    ):
+        return f.create(task_id, episode_id="probe").wait_for_completion(timeout_s=500)
+
+
+def write_files(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def secret_scan_task(root: Path, nonce: str) -> Path:
     """A task whose solution (run by the oracle as the agent) and whose verifier both scan for secrets;
     the verifier's reward is 1 only when its scan is clean."""
@@ -159,10 +180,7 @@ def secret_scan_task(root: Path, nonce: str) -> Path:
             "if grep -q '^CLEAN' /logs/verifier/scan.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
         ),
     }
-    for name, text in files.items():
-        path = task / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    write_files(task, files)
     return root
 
 
@@ -190,14 +208,92 @@ def test_host_secrets_reach_no_sandbox_environment_file_or_process(sandbox, tmp_
         admin_key=f"{secret}-admin",
         llm_api_key=f"{secret}-engine-key",
     )
-    with (
-        running_server(config) as server,
-        HarborSessionFactory(
-            server.url, split="tasks", harness="oracle", llm_url=UNUSED_ENGINE, model="m"
-        ) as f,
-    ):
-        result = f.create("secret-scan", episode_id="scan").wait_for_completion(timeout_s=500)
+    result = run_oracle(config, "secret-scan")
     assert result.status == "completed", result.error
     assert result.sandbox == sandbox
     assert "CLEAN" in result.agent_log_tail and "LEAKS" not in result.agent_log_tail, result.agent_log_tail
     assert result.env_reward == 1.0, result.verifier_output  # the verifier's own scan was clean too
+
+
+# -- the local sandbox's network -------------------------------------------------------------------
+
+NET_PROBE = r'''
+"""Try every host port this rollout knows of; only the capture port may answer."""
+import json, socket, sys, urllib.error, urllib.request
+
+ports = json.loads(sys.argv[1])
+seen = {}
+for name, port in ports.items():
+    if name == "capture":
+        try:
+            seen[name] = urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10).status
+        except urllib.error.HTTPError as exc:
+            seen[name] = exc.code  # an answer from the proxy (401 without a session key): reachable
+        except OSError as exc:
+            seen[name] = type(exc).__name__
+        continue
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+        seen[name] = "open"
+    except OSError as exc:
+        seen[name] = type(exc).__name__
+cut_off = all(v != "open" for k, v in seen.items() if k != "capture")
+print(("NET-CLEAN " if cut_off and seen["capture"] == 401 else "NET-LEAK ") + json.dumps(seen, sort_keys=True))
+'''
+
+
+def net_probe_task(root: Path, ports: dict[str, int], *, allow_internet: bool) -> Path:
+    """A task whose agent (the oracle) and verifier both probe the host's ports from inside the sandbox;
+    the verifier's reward is 1 only when its own probe found the host cut off."""
+    task = root / "net-probe"
+    args = json.dumps(json.dumps(ports))
+    toml = TASK_TOML.replace("secret-scan", "net-probe").replace(
+        'network_mode = "no-network"\n', f"allow_internet = {'true' if allow_internet else 'false'}\n"
+    )
+    files = {
+        "task.toml": toml,
+        "instruction.md": "Nothing to do.\n",
+        "environment/Dockerfile": f"FROM {BASE_IMAGE}\nWORKDIR /app\n",
+        "solution/probe.py": NET_PROBE,
+        "solution/solve.sh": f"#!/bin/bash\npython3 /solution/probe.py {args}\n",
+        "tests/probe.py": NET_PROBE,
+        "tests/test.sh": (
+            f"#!/bin/bash\nmkdir -p /logs/verifier\npython3 /tests/probe.py {args} > /logs/verifier/probe.txt\n"
+            "if grep -q '^NET-CLEAN' /logs/verifier/probe.txt; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+        ),
+    }
+    write_files(task, files)
+    return root
+
+
+@pytest.mark.parametrize("allow_internet", [False, True])
+def test_a_local_sandbox_reaches_the_capture_proxy_and_no_other_host_port(
+    allow_internet, imitation, tmp_path, monkeypatch
+):
+    if shutil.which("bwrap") is None or shutil.which("socat") is None:
+        pytest.skip("the local sandbox's network isolation needs bwrap and socat")
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    listener = socket.create_server(("127.0.0.1", 0))  # any service on the host's loopback
+    config = make_config(tmp_path, llm_url=imitation.url + "/v1", sandbox="local")
+    ports = {
+        "capture": config.capture_port,
+        "listener": listener.getsockname()[1],
+        "engine": int(imitation.url.rsplit(":", 1)[1]),  # its weight-update routes among them
+        "server_api": config.port,  # the trainer-facing API
+    }
+    config = config.model_copy(
+        update={"datasets": [str(net_probe_task(tmp_path / "tasks", ports, allow_internet=allow_internet))]}
+    )
+    try:
+        result = run_oracle(config, "net-probe")
+    finally:
+        listener.close()
+    assert result.status == "completed", result.error
+    seen = json.loads(result.agent_log_tail.split("NET-", 1)[1].split(" ", 1)[1].splitlines()[0])
+    assert seen["capture"] == 401  # the proxy answered, at the address a harness is given
+    if allow_internet:  # the task asked for the network: the host's is shared, as the task says
+        assert {seen["listener"], seen["engine"], seen["server_api"]} == {"open"}
+        assert result.env_reward == 0.0
+    else:
+        assert seen["listener"] == seen["engine"] == seen["server_api"] == "ConnectionRefusedError"
+        assert result.env_reward == 1.0, result.verifier_output  # the verifier is cut off too

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -91,6 +92,45 @@ async def test_a_harness_layer_is_installed_once_then_copied(local_backend, tmp_
         r"installed layer stamped-agent in \d+\.\d s \(cached for the next sandboxes\)", said[0][1]
     )
     assert said[1] == []
+
+
+async def test_sandboxes_started_together_install_a_layer_once_and_bind_it_read_only(
+    local_backend, tmp_path, caplog
+):
+    """The cached layer is bound, not copied: nothing to copy at start or delete at stop, and no agent
+    can change what later rollouts get. Files it wrote into the agent's own folders are copied."""
+    env_dir = write_env(tmp_path / "environment", BASE + "WORKDIR /app\n", {})
+    context = tmp_path / "layer"
+    context.mkdir()
+    (context / "README").write_text("agent\n")
+    layer = ImageLayer(
+        name="bound-agent",
+        dockerfile_lines=[
+            "COPY README /opt/agent/",  # a RUN sees only the top-level folders that exist
+            "RUN od -An -N8 -tx8 /dev/urandom > /opt/agent/stamp"
+            " && mkdir -p /root/.agent && echo settings > /root/.agent/config",
+        ],
+        context_dir=context,
+    )
+    caplog.set_level(logging.INFO, logger="sandboxes.local")
+    first = await asyncio.gather(
+        *(local_backend.start(spec(env_dir, image_layers=[layer])) for _ in range(3))
+    )
+    later = await local_backend.start(spec(env_dir, image_layers=[layer]))
+    sandboxes = [*first, later]
+    try:
+        stamps = {(await s.exec("cat /opt/agent/stamp")).stdout for s in sandboxes}
+        # One install, reused by the two that waited and by the later one.
+        assert len(stamps) == 1 and len(stamps.copy().pop()) > 8
+        assert sum("installing layer bound-agent" in r.getMessage() for r in caplog.records) == 1
+        tamper = await later.exec("echo evil > /opt/agent/stamp; cat /opt/agent/stamp")
+        assert "Read-only file system" in tamper.stderr and tamper.stdout == stamps.pop()
+        assert not (later.fs / "opt").exists()  # bound from the cache, not copied into the folder
+        own = await later.exec("cat /root/.agent/config && echo mine >> /root/.agent/config")
+        assert own.ok and own.stdout == "settings\n"  # under /root: a copy, the agent's to change
+    finally:
+        for sandbox in sandboxes:
+            await sandbox.stop()
 
 
 @pytest.mark.parametrize(

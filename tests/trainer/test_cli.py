@@ -67,12 +67,12 @@ def test_harbor_sft_trains_and_saves_a_model_folder(tiny_dir, tmp_path) -> None:
     assert result.exit_code == 1 and "passes the filters" in result.output
 
 
-def test_warm_up_needs_the_embedded_env_factory_path() -> None:
+def test_warm_up_needs_the_embedded_server() -> None:
     from harbor_rl.train_pipeline import TrainRun, run_training
     from trainer.config import AsyncGRPOConfig
 
-    run = TrainRun(harness="mini-swe-agent", sft_steps=3, eval_episodes=0)
-    with pytest.raises(TrainerConfigError, match="env-factory"):
+    run = TrainRun(harness="mini-swe-agent", server_url="http://127.0.0.1:9", sft_steps=3, eval_episodes=0)
+    with pytest.raises(TrainerConfigError, match="embedded server"):
         run_training(run, AsyncGRPOConfig(max_steps=1))
 
 

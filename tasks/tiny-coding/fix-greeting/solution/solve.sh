@@ -1,0 +1,2 @@
+#!/bin/bash
+sed -i 's/Helo/Hello/' greet.py

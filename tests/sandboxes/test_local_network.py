@@ -1,0 +1,178 @@
+"""The local sandbox's network (real bwrap and socat): a task without internet reaches the capture proxy
+at the address the harness is given and no other port of the host; `allow_internet` (network_mode
+public) shares the host's network; an allowlist, which it cannot filter, is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import uuid
+
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from engine.in_process import serve_in_thread
+from sandboxes import SandboxSpec, UnsupportedEnvironment
+from sandboxes.local import LocalBackend
+
+pytestmark = pytest.mark.skipif(shutil.which("socat") is None, reason="socat is not installed")
+
+PROBE = r"""
+import json, socket, sys, urllib.request
+out = {}
+for name, host, port in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        out[name] = "open"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+proxy = json.loads(sys.argv[2])
+if proxy:
+    out["proxy_body"] = urllib.request.urlopen(proxy + "/stream", timeout=10).read().decode()
+print(json.dumps(out))
+"""
+
+
+def tiny_proxy() -> FastAPI:
+    """Stands in for the capture port: a streamed body checks the relay passes SSE-like chunks whole."""
+    app = FastAPI()
+
+    @app.get("/stream")
+    async def stream():
+        async def chunks():
+            for i in range(3):
+                yield f"data: {i}\n\n"
+                await asyncio.sleep(0.01)
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture
+def proxy_port():
+    with serve_in_thread(tiny_proxy()) as url:
+        yield int(url.rsplit(":", 1)[1])
+
+
+@pytest.fixture
+def host_listener():
+    """Another service on the host's loopback (the engine, the trainer API, PostgreSQL stand for it)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen()
+    yield server.getsockname()[1]
+    server.close()
+
+
+def spec(**overrides) -> SandboxSpec:
+    return SandboxSpec(name=f"net-{uuid.uuid4().hex[:8]}", **overrides)
+
+
+async def probe(sandbox, targets, proxy_url: str | None = None) -> dict:
+    result = await sandbox.exec(["python3", "-c", PROBE, json.dumps(targets), json.dumps(proxy_url)])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def host_address() -> str | None:
+    """A non-loopback address of this host, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            return s.getsockname()[0]
+        except OSError:
+            return None
+
+
+async def test_without_internet_only_the_capture_proxy_is_reachable(local_backend, proxy_port, host_listener):
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port, network_mode="no-network"))
+    try:
+        assert sandbox.network == "isolated"
+        url = f"http://{sandbox.proxy_host}:{proxy_port}"
+        targets = [["proxy", "127.0.0.1", proxy_port], ["listener", "127.0.0.1", host_listener]]
+        if address := host_address():
+            targets.append(["host_address", address, host_listener])
+        seen = await probe(sandbox, targets, url)
+        assert seen["proxy"] == "open"
+        assert seen["proxy_body"] == "data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        assert seen["listener"] == "ConnectionRefusedError"
+        if address:
+            assert seen["host_address"] != "open"
+        # The host does see its listener: only the sandbox is cut off.
+        socket.create_connection(("127.0.0.1", host_listener), timeout=3).close()
+        # The forwarder's socket folder is read-only inside: the agent cannot remove or replace it.
+        tamper = await sandbox.exec("rm -f /run/harbor-net/proxy.sock; touch /run/harbor-net/x")
+        assert tamper.exit_code != 0
+        assert (await probe(sandbox, [], url))["proxy_body"].startswith("data: 0")
+    finally:
+        await sandbox.stop()
+
+
+async def test_stop_takes_the_forwarder_down(local_backend, proxy_port):
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port))
+    folder = sandbox._forwarder.folder
+    assert (folder / "proxy.sock").exists()
+    await sandbox.stop()
+    assert not folder.exists()
+
+
+async def test_without_a_proxy_port_nothing_is_reachable(local_backend, host_listener):
+    sandbox = await local_backend.start(spec())
+    try:
+        assert sandbox.network == "isolated"
+        seen = await probe(sandbox, [["listener", "127.0.0.1", host_listener]])
+        assert seen["listener"] == "ConnectionRefusedError"
+    finally:
+        await sandbox.stop()
+
+
+async def test_allow_internet_shares_the_host_network(local_backend, proxy_port, host_listener):
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port, network_mode="public"))
+    try:
+        assert sandbox.network == "host"
+        seen = await probe(
+            sandbox, [["listener", "127.0.0.1", host_listener]], f"http://127.0.0.1:{proxy_port}"
+        )
+        assert seen == {"listener": "open", "proxy_body": "data: 0\n\ndata: 1\n\ndata: 2\n\n"}
+    finally:
+        await sandbox.stop()
+
+
+async def test_build_steps_run_on_the_host_network_like_docker_build(local_backend, tmp_path, host_listener):
+    from .conftest import write_env
+
+    env = write_env(
+        tmp_path / "env",
+        "FROM harbor-rl/sandbox-base:bookworm\n"
+        f"RUN python3 -c \"import socket; socket.create_connection(('127.0.0.1', {host_listener}), timeout=3)\"\n",
+    )
+    sandbox = await local_backend.start(spec(environment_dir=env))
+    try:
+        seen = await probe(sandbox, [["listener", "127.0.0.1", host_listener]])
+        assert seen["listener"] == "ConnectionRefusedError"  # the agent's execs are cut off again
+    finally:
+        await sandbox.stop()
+
+
+async def test_an_allowlist_is_refused_with_a_hint(local_backend):
+    with pytest.raises(UnsupportedEnvironment, match="cannot filter by host.*--sandbox docker"):
+        await local_backend.start(spec(network_mode="allowlist", allowed_hosts=["pypi.org"]))
+
+
+async def test_without_socat_required_isolation_refuses_and_auto_warns(
+    tmp_path, monkeypatch, caplog, proxy_port
+):
+    from sandboxes import SandboxUnavailable, local_network
+
+    monkeypatch.setattr(local_network, "socat_path", lambda: None)
+    with pytest.raises(SandboxUnavailable, match="socat is not installed"):
+        await LocalBackend(root=tmp_path / "a", isolation="bwrap").start(spec(proxy_port=proxy_port))
+    sandbox = await LocalBackend(root=tmp_path / "b", isolation="auto").start(spec(proxy_port=proxy_port))
+    try:
+        assert sandbox.network == "host"
+        assert "share the HOST's network" in caplog.text
+    finally:
+        await sandbox.stop()
