@@ -130,7 +130,7 @@ def test_train_help_shows_defaults_and_every_setting():
     result = runner.invoke(app, ["train", "--help"])
     assert result.exit_code == 0, result.output
     text = result.output
-    assert "Optimizer steps. Default: 100; embedded: 40, coding: 2." in text
+    assert "Optimizer steps. Default: 100; embedded: 40, coding: 12." in text
     assert "AdamW learning rate. Default: 1e-06; embedded: 0.0002." in text
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") >= 5}
     for model in (TrainRun, AsyncGRPOConfig):
