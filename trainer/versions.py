@@ -47,17 +47,20 @@ class VersionLedger:
             return self._versions[bisect.bisect_right(self._times, when) - 1]
 
     def date_turns(self, trace: TrainingTrace) -> list[TrainingTurn]:
-        """Give every turn without a `policy_version` the one live when it started, mark each turn whose
-        weights changed before it finished with `policy_version_end`; returns those turns."""
+        """Give every turn without a `policy_version` the one live when it started, mark each such turn
+        whose weights changed before it finished with `policy_version_end`; returns those turns.
+
+        A version the engine itself reported (the embedded engine's header) is kept as it is and not
+        checked against the ledger: the proxy stamps `created_at` when it records the reply, which can
+        be after a push that came once the engine had already finished sampling it (a loaded host, or
+        the push holding the process), so the ledger would see straddles that never happened."""
         straddling = []
         for turn in trace.turns:
             md = turn.metadata
-            if not md.created_at:  # not timed (not from the proxy): nothing to date it by
+            if md.policy_version is not None or not md.created_at:  # the engine's own word, or untimed
                 continue
             end = self.at(md.created_at)
-            start = self.at(md.created_at - (md.latency_s or 0.0))
-            if md.policy_version is None:
-                md.policy_version = start
+            md.policy_version = self.at(md.created_at - (md.latency_s or 0.0))
             if end != md.policy_version:
                 md.policy_version_end = end
                 straddling.append(turn)
