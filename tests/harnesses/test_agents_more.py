@@ -13,6 +13,8 @@ after one call, and a train capture of a multi-step task that holds one call is 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.imitation import chat_prompt_ids
@@ -49,7 +51,19 @@ async def test_agent_in_docker_is_captured_in_its_own_dialect(
     assert [turn["metadata"]["parent_node_id"] for turn in turns[1:]] == [t["node_id"] for t in turns[:-1]]
 
 
-@pytest.mark.parametrize("harness", ["claude-code", "codex", "qwen-code"])
+QWEN_CODE_ON_THE_TINY_ENGINE = pytest.param(
+    "qwen-code",
+    marks=pytest.mark.skipif(
+        not os.environ.get("HARBOR_TEST_LONG_AGENTS"),
+        reason="qwen-code's 25k-token prompt takes ~7 min on the CPU engine; its Docker capture is tested "
+        "above (set HARBOR_TEST_LONG_AGENTS=1 to run it through harbor serve too)",
+    ),
+)
+"""Kept out of CI's time budget: the run above already captures qwen-code in Docker with the engine's
+ids; this one adds only the tiny engine's slowness on its prompt."""
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "codex", QWEN_CODE_ON_THE_TINY_ENGINE])
 def test_agent_through_harbor_serve_with_the_embedded_engine(
     harness: str,
     docker_ready,
