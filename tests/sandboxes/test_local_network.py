@@ -9,6 +9,7 @@ import json
 import shutil
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -174,5 +175,37 @@ async def test_without_socat_required_isolation_refuses_and_auto_warns(
     try:
         assert sandbox.network == "host"
         assert "share the HOST's network" in caplog.text
+    finally:
+        await sandbox.stop()
+
+
+def relays_of(port: int) -> list[str]:
+    """The socat relays listening on `port` in some sandbox's namespace, by their command lines."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if cmd.startswith("socat ") and f"TCP-LISTEN:{port}," in cmd:
+            found.append(cmd)
+    return found
+
+
+@pytest.mark.parametrize("ending", ["exits", "times out"])
+async def test_the_relay_ends_with_its_command(local_backend, proxy_port, ending):
+    """A command's socat relay lives exactly as long as the command, however it ends (a timeout kills
+    the command's process group, which the relay's own session escapes)."""
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port))
+    try:
+        if ending == "exits":
+            assert (await sandbox.exec("true")).exit_code == 0
+        else:
+            assert (await sandbox.exec("sleep 60", timeout_s=1)).timed_out
+        for _ in range(100):
+            if not relays_of(proxy_port):
+                break
+            await asyncio.sleep(0.05)
+        assert relays_of(proxy_port) == []
     finally:
         await sandbox.stop()
