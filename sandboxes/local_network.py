@@ -32,8 +32,11 @@ _CHUNK = 65536
 
 # Run inside the namespace before the command: start socat, wait until it listens (so the command's
 # first call never races it), then become the command. $1 port, $2 socket, the rest the command.
+# setpriv (util-linux) gives socat a parent-death signal: the shell execs into the command, so socat
+# dies with the command however it ends, even where the namespace itself outlives it.
 _LAUNCHER = r"""
-socat "TCP-LISTEN:$1,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$2" </dev/null >/dev/null 2>&1 &
+setpriv --pdeathsig KILL socat "TCP-LISTEN:$1,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$2" \
+  </dev/null >/dev/null 2>&1 &
 want=$(printf ':%04X 00000000:0000 0A' "$1")
 i=0
 until grep -q "$want" /proc/net/tcp; do
