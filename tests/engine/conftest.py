@@ -5,43 +5,22 @@ Everything is real: the tiny model built on the spot, the batching loop, HTTP, t
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 import torch
 
+from engine.in_process import serve_in_thread
 from engine.server import EngineConfig, create_app
 from engine.tiny_model import build_tiny_model, load_model_and_tokenizer
 
 MAX_MODEL_LEN = 1024
 
 
-@contextmanager
-def serve(app) -> Iterator[str]:
+def serve(app) -> AbstractContextManager[str]:
     """Run an ASGI app with uvicorn on a background thread; yields its base URL (no /v1)."""
-    import uvicorn
-
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", access_log=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="engine-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("engine test server did not start")
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    return serve_in_thread(app, start_timeout_s=60, log_level="warning")
 
 
 def engine_app(model_dir: Path, **overrides):
