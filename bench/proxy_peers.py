@@ -287,25 +287,39 @@ async def run_level(target: Target, stream: bool, agents: int, sessions_per_agen
                 key, _ = await target.mint(client)
                 agent.compact()
                 for _ in range(TURNS_PER_SESSION):
-                    t0 = time.perf_counter()
-                    try:
-                        raw = await call(client, url, key, agent.body(stream, target.extra), stream)
-                        text = reply_text(raw, stream)
-                    except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
-                        level.failed += 1
-                        level.first_failure = level.first_failure or repr(exc)[:300]
+                    if not await timed_turn(level, client, url, key, agent, stream, target.extra):
                         break  # the session is broken; start the next one
-                    level.latencies.append(time.perf_counter() - t0)
-                    agent.observe(text)
 
-        before = tree_ticks(target.pid) if target.pid else 0
-        t0 = time.perf_counter()
-        await asyncio.gather(*(agent_loop() for _ in range(agents)))
-        level.wall_s = time.perf_counter() - t0
-        level.requests = len(level.latencies)
-        if target.pid and level.requests:
-            level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
+        await run_agents(level, target, agent_loop, agents)
     return level
+
+
+async def timed_turn(
+    level: Level, client: httpx.AsyncClient, url: str, key: str, agent: Agent, stream: bool, extra: dict
+) -> bool:
+    """One agent turn (its body built inside the timing, as the agent's own cost), its latency added to
+    `level`; False, counted as failed, when it broke."""
+    t0 = time.perf_counter()
+    try:
+        text = reply_text(await call(client, url, key, agent.body(stream, extra), stream), stream)
+    except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
+        level.failed += 1
+        level.first_failure = level.first_failure or repr(exc)[:300]
+        return False
+    level.latencies.append(time.perf_counter() - t0)
+    agent.observe(text)
+    return True
+
+
+async def run_agents(level: Level, target: Target, agent_loop, agents: int) -> None:
+    """`agents` copies of `agent_loop` at once; the level's wall time, requests and target CPU per request."""
+    before = tree_ticks(target.pid) if target.pid else 0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(agent_loop() for _ in range(agents)))
+    level.wall_s = time.perf_counter() - t0
+    level.requests = len(level.latencies)
+    if target.pid and level.requests:
+        level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
 
 
 async def long_session(target: Target, turns: int) -> tuple[list[tuple[float, float | None]], int | None]:
@@ -441,24 +455,10 @@ async def run_size_level(target: Target, agents: int, turns: int, history_kb: in
             agent = Agent(history_kb)
             key, _ = await target.mint(client)
             for _ in range(turns):
-                t0 = time.perf_counter()
-                try:
-                    raw = await call(client, url, key, agent.body(False, CAPTURE_PARAMS), False)
-                    text = reply_text(raw, False)
-                except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
-                    level.failed += 1
-                    level.first_failure = level.first_failure or repr(exc)[:300]
+                if not await timed_turn(level, client, url, key, agent, False, CAPTURE_PARAMS):
                     return
-                level.latencies.append(time.perf_counter() - t0)
-                agent.observe(text)
 
-        before = tree_ticks(target.pid) if target.pid else 0
-        t0 = time.perf_counter()
-        await asyncio.gather(*(agent_loop() for _ in range(agents)))
-        level.wall_s = time.perf_counter() - t0
-        level.requests = len(level.latencies)
-        if target.pid and level.requests:
-            level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
+        await run_agents(level, target, agent_loop, agents)
     return level
 
 
