@@ -96,3 +96,20 @@ def test_embedded_default_runs_end_to_end(tmp_path, monkeypatch) -> None:
     assert json.loads((tmp_path / "out" / "sft" / "sft_summary.json").read_text())["steps"] == 2
     assert (tmp_path / "out" / "checkpoint-2" / "model.safetensors").is_file()
     assert (tmp_path / "out" / "reward_curve.png").stat().st_size > 0
+
+
+def test_the_warm_up_trains_on_every_core_and_gives_them_back() -> None:
+    import os
+
+    import torch
+
+    from harbor_rl.train_pipeline import all_cores
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with all_cores():
+            assert torch.get_num_threads() == (os.cpu_count() or 1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
