@@ -76,6 +76,16 @@ def default_root() -> Path:
     return Path(os.environ.get("HARBOR_RUNS_DIR", "runs")).resolve() / "tmp" / "sandboxes"
 
 
+def default_layer_cache(root: Path | str | None) -> Path:
+    """`<root>/.layer-cache` for a backend given its own root; otherwise `$HARBOR_CACHE_DIR/local-layers`
+    (default `~/.cache/harbor-rl`), so a run from a new folder does not install mini-swe-agent again
+    (~40 s a run)."""
+    if root is not None:
+        return Path(root).resolve() / ".layer-cache"
+    cache = os.environ.get("HARBOR_CACHE_DIR") or Path.home() / ".cache" / "harbor-rl"
+    return Path(cache) / "local-layers"
+
+
 class LocalBackend:
     """Sandboxes that are folders on this machine plus bwrap namespaces."""
 
@@ -88,16 +98,18 @@ class LocalBackend:
         isolation: Isolation = "auto",
         max_output_bytes: int = 8 * 1024 * 1024,
         host_python: bool = True,
+        layer_cache_dir: Path | str | None = None,
     ) -> None:
         """`isolation`: auto uses bwrap when it works, bwrap requires it, none never uses it.
         `host_python`: bind this interpreter's prefix read-only and put it first on PATH, so tests find
-        pytest even when the host's /usr/bin/python3 lacks it."""
+        pytest even when the host's /usr/bin/python3 lacks it. `layer_cache_dir`: where installed harness
+        layers are kept (default: `<root>/.layer-cache` for an explicit `root`, else the user's cache)."""
         self.root = Path(root).resolve() if root else default_root()
         self.isolation = isolation
         self.max_output_bytes = max_output_bytes
         self.host_python = host_python
-        self.layer_cache = self.root / ".layer-cache"
-        """Harness layers' files, installed once and copied into each new sandbox."""
+        self.layer_cache = Path(layer_cache_dir).resolve() if layer_cache_dir else default_layer_cache(root)
+        """Harness layers' files, installed once and reused by each new sandbox."""
         self._bwrap: bool | None = None
         self._layer_locks: dict[str, asyncio.Lock] = {}
         """One first install per layer at a time: sandboxes started together wait and reuse it."""

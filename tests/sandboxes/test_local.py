@@ -269,3 +269,13 @@ async def test_upload_never_writes_through_a_planted_symlink(local_backend, tmp_
         assert (await sandbox.exec("test -L /tests/again.sh || cat /tests/again.sh")).stdout == "payload"
     finally:
         await sandbox.stop()
+
+
+def test_installed_layers_are_kept_in_the_user_cache_unless_a_root_is_given(tmp_path, monkeypatch):
+    # The default backend (what `harbor serve` and `harbor train` start) keeps layers across runs and
+    # folders; a backend given its own root keeps them there, so tests stay independent.
+    monkeypatch.setenv("HARBOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    assert LocalBackend().layer_cache == tmp_path / "cache" / "local-layers"
+    assert LocalBackend(root=tmp_path / "mine").layer_cache == tmp_path / "mine" / ".layer-cache"
+    assert LocalBackend(layer_cache_dir=tmp_path / "x").layer_cache == tmp_path / "x"
