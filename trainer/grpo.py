@@ -45,11 +45,11 @@ from trainer.config import AsyncGRPOConfig
 from trainer.device import resolve_placement
 from trainer.distributed import Processes, StepShard, idle_batch, processes_from_env, shard_by_tokens
 from trainer.errors import TrainerConfigError
-from trainer.logprobs import token_logprobs
+from trainer.logprobs import SHARED_PREFIX_MIN_TOKENS, token_logprobs
 from trainer.loss import LossSettings, grpo_loss
 from trainer.metrics import MetricsLogger
 from trainer.outcome import HarnessRolloutOutcome
-from trainer.packing import Batch, TrainItem, pack, split_by_tokens
+from trainer.packing import Batch, TrainItem, chunk_by_prefix, pack, split_by_tokens
 from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
 from trainer.versions import VersionLedger
 
@@ -342,10 +342,14 @@ class HarnessAsyncGRPOTrainer:
         return items, {k: v for k, v in stats.items() if v is not None}
 
     def _micro_batches(self, items: list[TrainItem]) -> list[Batch]:
-        """Micro-batches of per_device_train_batch_size rows, each cut further by the token budget."""
+        """Micro-batches of per_device_train_batch_size rows, each cut further by the token budget.
+        Padded micro-batches take rows that share their prompt together, so it runs once per batch."""
         args = self.args
         size = args.per_device_train_batch_size
-        chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        if args.padding_free:
+            chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        else:
+            chunks = chunk_by_prefix(items, size, SHARED_PREFIX_MIN_TOKENS)
         packed = (
             pack(b, padding_free=args.padding_free, pad_token_id=self._pad_id())
             for chunk in chunks

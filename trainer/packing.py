@@ -147,3 +147,35 @@ def split_by_tokens(items: Sequence[TrainItem], max_tokens: int | None) -> list[
     if current:
         groups.append(current)
     return groups
+
+
+def chunk_by_prefix(items: Sequence[TrainItem], size: int, min_shared: int) -> list[list[TrainItem]]:
+    """Chunks of at most `size` items whose rows share most of their prompt, where such rows exist.
+
+    The items are sorted by their token ids, so rows of one task's prompt lie side by side; a chunk is
+    cut when it is full or the next row shares less than `min_shared` tokens, or less than half of the
+    shorter prompt (the tokens before a row's first trained one), with the chunk's first row. Rollouts
+    of different tasks share a harness's system prompt and tool schemas (~200 tokens for mini-swe-agent)
+    but not the rest of the first prompt (~1,300), so they land in different chunks. A padded
+    micro-batch of one chunk runs its shared prompt once (trainer.logprobs)."""
+    ordered = sorted(items, key=lambda item: item.row.input_ids)
+    chunks: list[list[TrainItem]] = []
+    for item in ordered:
+        chunk = chunks[-1] if chunks else None
+        if chunk is None or len(chunk) == size or not _share_prompt(chunk[0].row, item.row, min_shared):
+            chunks.append([item])
+        else:
+            chunk.append(item)
+    return chunks
+
+
+def _share_prompt(a: TrainingRow, b: TrainingRow, min_shared: int) -> bool:
+    n = min(len(a.input_ids), len(b.input_ids))
+    differ = torch.nonzero(torch.tensor(a.input_ids[:n]) != torch.tensor(b.input_ids[:n]))
+    shared = int(differ[0, 0]) if len(differ) else n
+    return shared >= max(min_shared, min(_prompt_length(a), _prompt_length(b)) / 2)
+
+
+def _prompt_length(row: TrainingRow) -> int:
+    """Tokens before the row's first trained one."""
+    return row.loss_mask.index(1) if 1 in row.loss_mask else len(row.loss_mask)

@@ -220,12 +220,20 @@ def register(app: typer.Typer) -> None:
             on_progress("GRPO steps", step, grpo.max_steps, f"{info}  v{metrics.get('policy_version')}")
 
         evaluations: dict[str, Any] = {}
+
+        def on_eval(name: str, result: Any) -> None:
+            evaluations[name] = result
+            console.log(
+                f"{EVAL_NAMES.get(name, name)}: mean env reward {result.mean:.3f} ± {result.stderr:.3f} s.e. "
+                f"over {len(result.rewards)} episodes ({result.unscoreable} unscoreable, left out)"
+            )
+
         started = time.monotonic()
         # A TrainerError (or a model that cannot be loaded) is one line through the CLI layer.
         with progress:
             _before, _after, history = run_training(
                 run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
-                on_progress=on_progress, on_eval=evaluations.__setitem__,
+                on_progress=on_progress, on_eval=on_eval,
             )  # fmt: skip
         _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 

@@ -11,7 +11,7 @@ import torch
 from capture_proxy.rows import TrainingRow
 from trainer import logprobs
 from trainer.logprobs import shared_prefix_length, token_logprobs
-from trainer.packing import TrainItem, pack
+from trainer.packing import TrainItem, chunk_by_prefix, pack
 
 PROMPT = [10 + (i % 200) for i in range(100)]  # the long first prompt every rollout of a task starts with
 
@@ -70,3 +70,24 @@ def test_the_prefix_is_shared_only_where_it_pays_and_is_exact() -> None:
     assert shared_prefix_length(pack(early, padding_free=False)) == 0  # a token trained at 60 < 64
     other = dataclasses.replace(row([1], [0]), input_ids=(7,) * 70 + tuple(PROMPT[70:]) + (1,))
     assert shared_prefix_length(pack([items[0], TrainItem(other, 1.0)], padding_free=False)) == 0
+
+
+def test_micro_batches_keep_the_rows_of_one_prompt_together() -> None:
+    # Two tasks whose first prompts share a system prompt (80 tokens) and then differ (300 more): rows
+    # arrive interleaved, as groups finish; each chunk holds one task's rows, at most `size` of them.
+    system = [5] * 80
+
+    def task_row(task: int, tail: list[int]) -> TrainingRow:
+        prompt = system + [task] * 300
+        return TrainingRow(
+            input_ids=tuple(prompt + tail), loss_mask=tuple([0] * len(prompt) + [1] * len(tail)),
+            behavior_logps=tuple([0.0] * len(prompt) + [-1.0] * len(tail)), node_ids=("n",),
+            policy_versions=(0,), session_id=f"s{task}", trained_node_ids=("n",),
+        )  # fmt: skip
+
+    items = [TrainItem(task_row(task, [100 + i]), 1.0) for i in range(5) for task in (1, 2)]
+    chunks = chunk_by_prefix(items, size=3, min_shared=64)
+    assert [len(c) for c in chunks] == [3, 2, 3, 2]
+    assert all(len({item.row.session_id for item in chunk}) == 1 for chunk in chunks)
+    assert sorted(id(i) for c in chunks for i in c) == sorted(id(i) for i in items)  # none lost or repeated
+    assert all(shared_prefix_length(pack(c, padding_free=False)) == 380 for c in chunks)
