@@ -99,15 +99,17 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 
 CODING_DEFAULTS: dict[str, Any] = {
     # `--harness mini-swe-agent` (or another coding harness) on the embedded server: the tiny coding
-    # tasks (a one-line fix, a one-line function), scripted demonstrations through the real harness
-    # (the solution, then the harness's submit). 70 SFT steps: after 45 the model wrote no exact call in
-    # 24 samples, after 60 4, after 120 21, so 70 leaves GRPO groups with spread. Two model calls per
-    # rollout (the fix and the submit) and 64 tokens each: a third call and longer turns only added
-    # untrained-for text. One group of 8 a step at 5e-5: groups of 4 at 2e-4 and 1e-4 both ended below
-    # the warm-up (-0.15, -0.14); this setting gained +0.08 ± 0.12 (README: the runs).
-    "tasks": None, "sft_steps": 70, "demo_episodes": 9, "base_eval_episodes": 0, "eval_episodes": 24,
-    "num_generations": 8, "per_device_train_batch_size": 8, "max_concurrent_rollouts": 8, "max_steps": 12,
-    "agent_step_limit": 2, "max_completion_length": 64, "learning_rate": 5e-5, "output_dir": "runs/train-coding",
+    # tasks (a one-line fix, a one-word fix, a one-line function), scripted demonstrations through the
+    # real harness (the solution, then the harness's submit). 70 SFT steps: after 45 the model wrote no
+    # exact call in 24 samples, after 60 4, after 120 21, so 70 leaves GRPO groups with spread. Two model
+    # calls per rollout (the fix and the submit), 64 tokens each.
+    # A step trains 3 groups of 8 (24 rollouts), one micro-batch per group, so the three tasks pull on the
+    # shared weights in the same update and each micro-batch runs its group's ~1,300-token first prompt
+    # once (trainer.logprobs). 5e-5: at 1e-4 and 2e-4 entropy rose and the training reward fell (README).
+    "tasks": None, "sft_steps": 70, "demo_episodes": 9, "base_eval_episodes": 0, "eval_episodes": 48,
+    "num_generations": 8, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 3,
+    "max_concurrent_rollouts": 12, "max_steps": 12, "agent_step_limit": 2, "max_completion_length": 64,
+    "learning_rate": 5e-5, "output_dir": "runs/train-coding",
 }  # fmt: skip
 """Overrides of EMBEDDED_DEFAULTS when the harness is not `env-factory`."""
 

@@ -24,7 +24,7 @@ def test_the_coding_loop_runs_through_mini_swe_agent(tmp_path, monkeypatch) -> N
     cfg = tmp_path / "grpo.yaml"
     cfg.write_text(
         "max_steps: 2\nreport_to: jsonl\neval_episodes: 2\nsft_steps: 3\ndemo_episodes: 3\n"
-        "num_generations: 2\nper_device_train_batch_size: 4\nmax_concurrent_rollouts: 4\n"
+        "num_generations: 2\nper_device_train_batch_size: 4\ngradient_accumulation_steps: 1\nmax_concurrent_rollouts: 4\n"
     )
     out = tmp_path / "out"
     result = CliRunner().invoke(
