@@ -27,6 +27,7 @@ from capture_proxy.errors import (
     SessionNotFound,
     StoreError,
 )
+from capture_proxy.gc_tuning import serving_gc
 from capture_proxy.models import INT64_LIMIT, SessionCreate
 from capture_proxy.responses import error_response, json_response
 from capture_proxy.service import CaptureService
@@ -240,7 +241,8 @@ def create_app(config: ProxyConfig, store: TraceStore, *, close_store: bool = Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        yield
+        with serving_gc():
+            yield
         await service.aclose()
         if close_store:
             store.close()
