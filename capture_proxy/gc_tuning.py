@@ -14,6 +14,7 @@ is still collected, only later; it is bounded by that threshold. Both are undone
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,18 +22,32 @@ GEN0_THRESHOLD = 20_000
 """Net tracked allocations between young collections (CPython's default is 700)."""
 
 
+_lock = threading.Lock()
+_serving = 0
+_saved: tuple[int, int, int] = (700, 10, 10)
+
+
 @contextmanager
 def serving_gc(gen0_threshold: int = GEN0_THRESHOLD) -> Iterator[None]:
-    """Freeze the start-up heap and collect less often while the block runs; restore both after."""
-    saved = gc.get_threshold()
-    gc.collect()  # what is garbage now is not frozen with the rest
-    gc.freeze()
-    gc.set_threshold(gen0_threshold, *saved[1:])
+    """Freeze the start-up heap and collect less often while the block runs; restore both after.
+    Blocks may overlap (several proxies in one process, as in tests): the first to enter changes the
+    settings, the last to leave restores them."""
+    global _serving, _saved
+    with _lock:
+        _serving += 1
+        if _serving == 1:
+            _saved = gc.get_threshold()
+            gc.collect()  # what is garbage now is not frozen with the rest
+            gc.freeze()
+            gc.set_threshold(gen0_threshold, *_saved[1:])
     try:
         yield
     finally:
-        gc.set_threshold(*saved)
-        gc.unfreeze()
+        with _lock:
+            _serving -= 1
+            if _serving == 0:
+                gc.set_threshold(*_saved)
+                gc.unfreeze()
 
 
 __all__ = ["GEN0_THRESHOLD", "serving_gc"]
