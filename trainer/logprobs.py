@@ -4,12 +4,13 @@ The engine reports vLLM's processed logprobs, `log_softmax(logits / temperature)
 sampling policy (top_p=1, top_k=-1), so the trainer divides by the same temperature; otherwise the
 importance ratio would measure the temperature, not the policy change.
 
-Agent rollouts of one task begin with the same long prompt (mini-swe-agent's first prompt is ~1,800
+Agent rollouts of one task begin with the same long prompt (mini-swe-agent's first prompt is ~1,300
 tokens of the tiny tokenizer; the tokens trained are ~70 a rollout). A padded micro-batch whose rows
 share such a prefix runs it once: the prefix's forward pass with its key/value cache, the cache
 repeated for every row, then each row's rest on top of it. The logprobs and their gradients are the
 same as those of the whole rows (tests/trainer/test_logprobs.py checks both); the prefix is not
-recomputed per row, which made a step of 24 mini-swe-agent rollouts ~20x cheaper on the CPU.
+recomputed per row: 8 such rows of ~1.9k tokens took 5 s for forward and backward instead of 49 s
+(one busy CPU core).
 """
 
 from __future__ import annotations
