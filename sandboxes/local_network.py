@@ -105,6 +105,10 @@ class ProxyForwarder:
                 await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
             finally:
                 _close(up_writer)
+        except asyncio.CancelledError:
+            # stop() cut this relay. The task ends normally: asyncio's stream server asks a handler task
+            # for its exception when it ends, and on Python 3.11 a cancelled one logs a traceback there.
+            pass
         finally:
             _close(writer)
             if task is not None:

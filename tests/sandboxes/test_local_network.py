@@ -209,3 +209,30 @@ async def test_the_relay_ends_with_its_command(local_backend, proxy_port, ending
         assert relays_of(proxy_port) == []
     finally:
         await sandbox.stop()
+
+
+async def test_stopping_the_forwarder_mid_relay_logs_no_traceback(caplog):
+    # A rollout that ends while its agent holds a connection to the proxy (harbor train stopping its
+    # rollouts): the relay is cut quietly, not with asyncio's "Exception in callback" traceback.
+    from sandboxes.local_network import SOCKET_NAME, ProxyForwarder
+
+    idle = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+    forwarder = ProxyForwarder(idle.sockets[0].getsockname()[1])
+    folder = await forwarder.start()
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(folder / SOCKET_NAME))
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        for _ in range(100):  # the relay is up once the forwarder has its task
+            if forwarder._relays:
+                break
+            await asyncio.sleep(0.01)
+        assert forwarder._relays
+        await forwarder.stop()
+        await asyncio.sleep(0.05)  # let the stream server's done-callback run
+        assert await reader.read() == b""  # the agent's side is closed
+        writer.close()
+    finally:
+        await forwarder.stop()
+        idle.close()
+    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]
