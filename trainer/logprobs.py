@@ -45,19 +45,25 @@ def token_logprobs(
     if batch.attention_mask is not None:
         kwargs["attention_mask"] = batch.attention_mask
     logits = model(**kwargs).logits[:, :-1].float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    targets = batch.input_ids[:, 1:]
-    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     # Position t is predicted by t-1 only when both lie in the same row (packed rows sit side by side).
     same_row = (batch.sequence_ids[:, 1:] == batch.sequence_ids[:, :-1]) & (batch.sequence_ids[:, 1:] >= 0)
-    zero = picked.new_zeros(picked.shape[0], 1)
-    logps = torch.cat([zero, picked * same_row], dim=1)
+    return _from_logits(logits, batch.input_ids[:, 1:], same_row, 1, with_entropy)
+
+
+def _from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, skipped: int, with_entropy: bool
+) -> TokenLogprobs:
+    """Logprobs (and entropies) of `targets` under `logits` (both for positions `skipped`.. of the batch),
+    zero where not `valid` and on the `skipped` leading positions, which nothing here predicts."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * valid
+    lead = picked.new_zeros(picked.shape[0], skipped)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            ent = -(log_probs.exp() * log_probs).sum(-1) * same_row
-            entropy = torch.cat([zero.detach(), ent], dim=1)
-    return TokenLogprobs(logps, entropy)
+            ent = -(log_probs.exp() * log_probs).sum(-1) * valid
+            entropy = torch.cat([lead.detach(), ent], dim=1)
+    return TokenLogprobs(torch.cat([lead, picked], dim=1), entropy)
 
 
 def shared_prefix_length(batch: Batch) -> int:
@@ -106,14 +112,5 @@ def _with_shared_prefix(
     )  # fmt: skip
     # Token t is predicted at t-1: the prefix's last position predicts the first token past it.
     logits = torch.cat([head.logits.expand(rows, -1, -1), tail.logits[:, :-1]], dim=1).float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
     real = batch.sequence_ids[:, prefix:] >= 0
-    picked = log_probs.gather(-1, batch.input_ids[:, prefix:].unsqueeze(-1)).squeeze(-1) * real
-    before = picked.new_zeros(rows, prefix)  # nothing in the shared prefix is trained
-    logps = torch.cat([before, picked], dim=1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = -(log_probs.exp() * log_probs).sum(-1) * real
-            entropy = torch.cat([before.detach(), ent], dim=1)
-    return TokenLogprobs(logps, entropy)
+    return _from_logits(logits, batch.input_ids[:, prefix:], real, prefix, with_entropy)  # prefix: untrained
