@@ -71,8 +71,10 @@ class _SentArguments:
 
     Anthropic's `input` is an object, so the text the engine wrote (its spacing, its key order) is lost
     on the way to the agent; when the agent sends the call back, that text is what the next prompt
-    must hold for it to extend the last call's tokens (docs/design.md 3.2). Bounded: the oldest
-    entries go first, and a call not found falls back to `json.dumps` of its input."""
+    must hold for it to extend the last call's tokens (docs/design.md 3.2). An agent may send the input
+    back with its tool schema's defaults filled in (Claude Code adds `"replace_all": false` to an Edit
+    the engine wrote without it): the same call, so the engine's text stands. Bounded: the oldest
+    entries go first, and a call not found (or changed otherwise) falls back to `json.dumps` of its input."""
 
     def __init__(self, limit: int = 100_000):
         self._texts: OrderedDict[str, str] = OrderedDict()
@@ -84,15 +86,38 @@ class _SentArguments:
             if len(self._texts) > self._limit:
                 self._texts.popitem(last=False)
 
-    def text_for(self, block_id: str, value: Any) -> str:
+    def text_for(self, block_id: str, value: Any, defaults: dict[str, Any] | None = None) -> str:
+        """The engine's text of call `block_id` if `value` is its input (`defaults`: the tool schema's
+        property defaults, which the agent may have added), else `value` as JSON."""
         text = self._texts.get(block_id)
         if text is not None:
             try:
-                if json.loads(text) == value:
-                    return text
+                sent = json.loads(text)
             except ValueError:
-                pass
+                sent = None
+            if sent == value or (isinstance(sent, dict) and _without_added_defaults(value, sent, defaults) == sent):
+                return text
         return arguments_text(value)
+
+
+def _without_added_defaults(value: Any, sent: dict, defaults: dict[str, Any] | None) -> Any:
+    """`value` less the keys that `sent` lacks and whose value is the schema's default for them."""
+    if not isinstance(value, dict) or not defaults:
+        return value
+    return {k: v for k, v in value.items() if k in sent or k not in defaults or defaults[k] != v}
+
+
+def _input_defaults(tools: Any) -> dict[str, dict[str, Any]]:
+    """Tool name -> {property: default} from the request's tool schemas (what an agent may fill in)."""
+    found: dict[str, dict[str, Any]] = {}
+    for tool in tools if isinstance(tools, list) else []:
+        schema = tool.get("input_schema") if isinstance(tool, dict) else None
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(properties, dict):
+            found[str(tool.get("name"))] = {
+                k: p["default"] for k, p in properties.items() if isinstance(p, dict) and "default" in p
+            }
+    return found
 
 
 _SENT = _SentArguments()
@@ -121,8 +146,9 @@ class AnthropicMessages:
             text = _BILLING_LINE.sub("", _system_text(system))
             if text:
                 chat.append({"role": "system", "content": text})
+        defaults = _input_defaults(body.get("tools"))
         for i, message in enumerate(messages):
-            chat += _message(require_dict(message, f"messages[{i}]"), i)
+            chat += _message(require_dict(message, f"messages[{i}]"), i, defaults)
         out: dict[str, Any] = {"model": model, "messages": chat, "max_tokens": max_tokens}
         copy_sampling(body, out, {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"})
         if body.get("stop_sequences") is not None:
@@ -231,7 +257,7 @@ def _system_text(system: Any, where: str = "system") -> str:
     return "\n".join(texts)
 
 
-def _message(message: dict, i: int) -> list[dict]:
+def _message(message: dict, i: int, defaults: dict[str, dict[str, Any]]) -> list[dict]:
     """The chat messages for one Anthropic message (a user turn with tool results becomes several)."""
     role = message.get("role")
     if role not in ("user", "assistant", "system"):
@@ -244,11 +270,11 @@ def _message(message: dict, i: int) -> list[dict]:
         return [{"role": "system", "content": _system_text(content, f"messages[{i}].content")}]
     blocks = require_list(content, f"messages[{i}].content")
     if role == "assistant":
-        return [_assistant(blocks, i)]
+        return [_assistant(blocks, i, defaults)]
     return _user(blocks, i)
 
 
-def _assistant(blocks: list, i: int) -> dict:
+def _assistant(blocks: list, i: int, defaults: dict[str, dict[str, Any]]) -> dict:
     texts: list[str] = []
     calls: list[dict] = []
     reasoning: list[str] = []
@@ -265,7 +291,10 @@ def _assistant(blocks: list, i: int) -> dict:
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": name, "arguments": _SENT.text_for(call_id, block.get("input", {}))},
+                    "function": {
+                        "name": name,
+                        "arguments": _SENT.text_for(call_id, block.get("input", {}), defaults.get(name)),
+                    },
                 }
             )
         elif kind == "thinking":

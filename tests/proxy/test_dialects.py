@@ -321,3 +321,36 @@ def test_responses_namespaced_tools_are_offered_flat_and_answered_with_their_nam
     assert call.type == "function_call" and call.name == "close_agent" and call.namespace == "multi_agent_v1"
     turn = trace_of(proxy, session.session_id)["turns"][0]
     assert [t["function"]["name"] for t in turn["request"]["tools"]] == ["close_agent"]
+
+
+def test_messages_input_sent_back_with_schema_defaults_still_extends_the_last_call(proxy, imitation):
+    # Claude Code sends a tool call back with its schema's defaults filled in (Edit's "replace_all": false
+    # where the engine wrote none): the same call, so the next prompt must still extend the last one.
+    tool = {**BASH, "input_schema": {**BASH["input_schema"], "properties": {
+        "command": {"type": "string"}, "background": {"type": "boolean", "default": False}}}}  # fmt: skip
+    session = proxy.create(multi_step_task=True)
+    client = anthropic_client(proxy, session.api_key)
+    messages = [{"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
+    first = client.messages.create(model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages,
+                                   tools=[tool])  # fmt: skip
+    (call,) = [b for b in first.content if b.type == "tool_use"]
+    assert call.input == {"command": "echo hello"}
+    echoed = [b.model_dump(exclude_none=True) for b in first.content]
+    for block in echoed:
+        if block["type"] == "tool_use":
+            block["input"] = {**block["input"], "background": False}
+    messages += [
+        {"role": "assistant", "content": echoed},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "README.md\n"}]},
+    ]
+    client.messages.create(model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool])
+    # A value other than the default is a different call: it is rendered as sent, and opens a new root.
+    echoed[-1]["input"] = {"command": "echo hello", "background": True}
+    client.messages.create(model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool])
+
+    turns = trace_of(proxy, session.session_id)["turns"]
+    assert len(turns) == 3
+    assert turns[1]["metadata"]["parent_node_id"] == turns[0]["node_id"]
+    assert '"background"' not in turns[1]["request"]["messages"][2]["tool_calls"][0]["function"]["arguments"]
+    assert turns[2]["metadata"]["parent_node_id"] is None
+    assert '"background": true' in turns[2]["request"]["messages"][2]["tool_calls"][0]["function"]["arguments"]
