@@ -95,7 +95,9 @@ class _SentArguments:
                 sent = json.loads(text)
             except ValueError:
                 sent = None
-            if sent == value or (isinstance(sent, dict) and _without_added_defaults(value, sent, defaults) == sent):
+            if sent == value or (
+                isinstance(sent, dict) and _without_added_defaults(value, sent, defaults) == sent
+            ):
                 return text
         return arguments_text(value)
 

@@ -341,16 +341,25 @@ def test_messages_input_sent_back_with_schema_defaults_still_extends_the_last_ca
             block["input"] = {**block["input"], "background": False}
     messages += [
         {"role": "assistant", "content": echoed},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "README.md\n"}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "README.md\n"}],
+        },
     ]
-    client.messages.create(model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool])
+    client.messages.create(
+        model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool]
+    )
     # A value other than the default is a different call: it is rendered as sent, and opens a new root.
     echoed[-1]["input"] = {"command": "echo hello", "background": True}
-    client.messages.create(model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool])
+    client.messages.create(
+        model="claude-sonnet", max_tokens=300, system=SYSTEM, messages=messages, tools=[tool]
+    )
 
     turns = trace_of(proxy, session.session_id)["turns"]
     assert len(turns) == 3
     assert turns[1]["metadata"]["parent_node_id"] == turns[0]["node_id"]
     assert '"background"' not in turns[1]["request"]["messages"][2]["tool_calls"][0]["function"]["arguments"]
     assert turns[2]["metadata"]["parent_node_id"] is None
-    assert '"background": true' in turns[2]["request"]["messages"][2]["tool_calls"][0]["function"]["arguments"]
+    assert (
+        '"background": true' in turns[2]["request"]["messages"][2]["tool_calls"][0]["function"]["arguments"]
+    )
