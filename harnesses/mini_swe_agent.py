@@ -71,14 +71,15 @@ class MiniSweAgentHarness:
     def image_layer(self) -> ImageLayer:
         """Pinned wheels from the host cache, installed into a private venv (fetches them on first use)."""
         requirements = [f"mini-swe-agent=={self.version}", f"litellm=={self.litellm_version}"]
+        name = f"mini-swe-agent-{self.version}-litellm-{self.litellm_version}"
         assets = ensure_asset(
-            f"mini-swe-agent-{self.version}-litellm-{self.litellm_version}-cp{self.python_version.replace('.', '')}",
+            f"{name}-cp{self.python_version.replace('.', '')}",
             lambda folder: pip_download(
                 [*requirements, "pip"], folder / "wheels", python_version=self.python_version
             ),
         )
         return ImageLayer(
-            name=f"mini-swe-agent-{self.version}-litellm-{self.litellm_version}",
+            name=name,
             dockerfile_lines=install_lines(requirements),
             context_dir=assets,
         )
