@@ -21,6 +21,7 @@ from trainer.errors import TrainerConfigError
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
 ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+LossType = Literal["dapo", "grpo"]
 
 TRL_SAMPLING_KNOBS = ("top_p", "top_k", "min_p", "repetition_penalty")
 """TRL sampling knobs accepted at their neutral values only (and `min_p` at TRL's None): the policy
@@ -150,6 +151,12 @@ class AsyncGRPOConfig(BaseModel):
     """Lower clip of the policy ratio: r is clipped to [1 - epsilon, 1 + epsilon_high]."""
     epsilon_high: float | None = Field(default=None, gt=0)
     """Upper clip; None means the same as `epsilon`."""
+    loss_type: LossType = "dapo"
+    """How the step's per-token losses are averaged (the names of TRL's `GRPOConfig.loss_type`,
+    trl/trainer/grpo_trainer.py `_compute_loss`): `dapo`, every trained token of the step weighs the same,
+    as TRL's async GRPO does; `grpo`, each row's tokens are averaged first and the rows weigh the same,
+    so a long rollout (often one that went astray and ran to the length limit) counts as much as a short
+    one, not more."""
     importance_sampling_mode: ImportanceSamplingMode = "token_truncate"
     """How w = pi_prox / pi_behavior corrects for the engine's sampling policy: clamp (`*_truncate`) or
     zero (`*_mask`) w outside [importance_sampling_min, importance_sampling_max], per token or on the

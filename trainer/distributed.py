@@ -41,6 +41,8 @@ class StepShard:
     items: list[TrainItem]
     trained: int
     """Trained tokens of the whole step (all ranks): the loss's normaliser."""
+    rows: int = 0
+    """Rows with a trained token in the whole step (all ranks): loss_type `grpo`'s normaliser."""
     stats: dict[str, Any] = field(default_factory=dict)
     """Rollout metrics of the step (rank 0's shard only)."""
 

@@ -234,7 +234,7 @@ class HarnessAsyncGRPOTrainer:
             self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.args.learning_rate
         )
         t0 = time.monotonic()
-        sums, num_tokens, trained = self._optimize(shard.items, shard.trained)
+        sums, num_tokens, trained = self._optimize(shard.items, shard.trained, shard.rows)
         if self.scheduler is not None:  # the schedule follows the step count, steps with nothing to train too
             with (
                 warnings.catch_warnings()
@@ -268,8 +268,11 @@ class HarnessAsyncGRPOTrainer:
             "rollout/turns_across_pushes_total": self.worker.turns_across_pushes,
         })  # fmt: skip
         trained = sum(item.row.num_trained_tokens for item in items)
+        rows = sum(1 for item in items if item.row.num_trained_tokens)
         shards = shard_by_tokens(items, self.processes.world_size)
-        return [StepShard(share, trained, stats if rank == 0 else {}) for rank, share in enumerate(shards)]
+        return [
+            StepShard(share, trained, rows, stats if rank == 0 else {}) for rank, share in enumerate(shards)
+        ]
 
     def _take_groups(self) -> tuple[list[RolloutGroup], int]:
         groups: list[RolloutGroup] = []
@@ -358,14 +361,16 @@ class HarnessAsyncGRPOTrainer:
         return [batch for batch in packed if batch.num_trained_tokens]
 
     def _optimize(
-        self, items: list[TrainItem], trained: int | None = None
+        self, items: list[TrainItem], trained: int | None = None, rows: int | None = None
     ) -> tuple[dict[str, float], int, int]:
-        """One optimizer update on this rank's rows `items`; `trained` is the trained-token count of the
-        whole step (all ranks; default: that of `items`, as in one process). Returns metric sums over the
-        step's trained tokens, the tokens seen (all ranks), and `trained`."""
+        """One optimizer update on this rank's rows `items`; `trained` and `rows` are the trained tokens
+        and the rows with one of the whole step (all ranks; default: those of `items`, as in one process).
+        Returns metric sums over the step's trained tokens, the tokens seen (all ranks), and `trained`."""
         args = self.args
         if trained is None:
             trained = sum(item.row.num_trained_tokens for item in items)
+        if rows is None:
+            rows = sum(1 for item in items if item.row.num_trained_tokens)
         sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         if trained == 0:  # every rank knows: `trained` counts the whole step
             return {}, 0, 0
@@ -386,7 +391,7 @@ class HarnessAsyncGRPOTrainer:
                     lp = token_logprobs(self.module, batch, args.temperature, with_entropy=True)
                 out = grpo_loss(
                     lp.logps, lp.logps.detach(), batch.behavior_logps, batch.advantages, batch.loss_mask,
-                    batch.sequence_ids, batch.num_sequences, trained, self.loss_settings,
+                    batch.sequence_ids, batch.num_sequences, trained, self.loss_settings, rows,
                 )  # fmt: skip
                 self.processes.backward(out.loss * scale if scale > 1 else out.loss)
             sums["loss"] += float(out.loss.detach()) * trained

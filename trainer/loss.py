@@ -3,7 +3,8 @@
 Per trained token, with A the rollout's advantage:
     r = exp(logp_theta - logp_prox)                     policy change since the batch started
     w = exp(logp_prox - logp_behavior)                  engine-vs-trainer mismatch, corrected by `mode`
-    loss = sum(-w * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)) / num_trained_tokens
+    loss = sum(-w * min(r * A, clip(r, 1 - eps, 1 + eps_high) * A)) / num_trained_tokens   (loss_type dapo)
+    loss = mean over rows of (the row's sum of the same) / (the row's trained tokens)         (loss_type grpo)
 Modes: `token_truncate` clamps w to [w_min, w_max]; `token_mask` zeroes tokens whose w lies outside;
 `sequence_truncate` / `sequence_mask` do the same with one w per row, exp of the row's summed log-ratio;
 `none` sets w = 1 and uses the behaviour logprobs as logp_prox (TRL's async trainer).
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.config import ImportanceSamplingMode
+from trainer.config import ImportanceSamplingMode, LossType
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class LossSettings:
     mode: ImportanceSamplingMode = "token_truncate"
     w_min: float = 0.0
     w_max: float = 3.0
+    loss_type: LossType = "dapo"
 
     @classmethod
     def from_config(cls, config) -> LossSettings:
@@ -35,13 +37,15 @@ class LossSettings:
             mode=config.importance_sampling_mode,
             w_min=config.importance_sampling_min,
             w_max=config.importance_sampling_max,
+            loss_type=config.loss_type,
         )
 
 
 @dataclass
 class LossOutput:
     loss: torch.Tensor
-    """Summed over this batch's trained tokens and divided by `num_tokens` (the step's trained tokens)."""
+    """This batch's share of the step's loss: its trained tokens' losses summed with their weights
+    (`token_weights`), so the micro-batches of a step add up to the step's loss."""
     sums: dict[str, float]
     """Metric numerators over this batch's trained tokens; divide by the trained-token count to average."""
 
@@ -72,6 +76,26 @@ def importance_weights(
     return w, outside.to(raw.dtype)
 
 
+def token_weights(
+    mask: torch.Tensor,
+    sequence_ids: torch.Tensor,
+    num_sequences: int,
+    num_tokens: int,
+    num_rows: int,
+    loss_type: LossType,
+) -> torch.Tensor:
+    """Each trained token's weight in the step's loss (0 on untrained ones); (N,) inputs."""
+    if loss_type == "dapo":
+        return mask / max(num_tokens, 1)
+    if num_rows < 1:
+        raise ValueError("loss_type 'grpo' needs the step's number of rows with a trained token (num_rows)")
+    valid = sequence_ids >= 0
+    per_row = torch.zeros(num_sequences, dtype=mask.dtype, device=mask.device)
+    per_row.index_add_(0, sequence_ids[valid], mask[valid])
+    row_tokens = torch.where(valid, per_row[sequence_ids.clamp(min=0)], torch.ones_like(mask))
+    return mask / row_tokens.clamp(min=1) / num_rows
+
+
 def grpo_loss(
     logps: torch.Tensor,
     prox_logps: torch.Tensor | None,
@@ -82,10 +106,12 @@ def grpo_loss(
     num_sequences: int,
     num_tokens: int,
     settings: LossSettings,
+    num_rows: int = 0,
 ) -> LossOutput:
     """The loss of one micro-batch. Tensors of any shape, all the same; `prox_logps` is ignored (and may
-    be None) in mode `none`. `num_tokens` is the number of trained tokens of the whole optimizer step, so
-    micro-batches add up to the step's per-token mean."""
+    be None) in mode `none`. `num_tokens` and `num_rows` are the trained tokens and the rows with a
+    trained token of the whole optimizer step (`num_rows` is needed by loss_type `grpo` only), so the
+    micro-batches add up to the step's mean. A row lies whole in one micro-batch."""
     logps, behavior_logps, advantages, mask, sequence_ids = (
         t.reshape(-1) for t in (logps, behavior_logps, advantages, mask, sequence_ids)
     )
@@ -99,7 +125,8 @@ def grpo_loss(
     ratio = torch.exp((logps - prox) * mask)
     clipped = ratio.clamp(1 - settings.epsilon, 1 + settings.epsilon_high)
     per_token = -w.detach() * torch.minimum(ratio * advantages, clipped * advantages)
-    loss = (per_token * mask).sum() / max(num_tokens, 1)
+    weights = token_weights(mask, sequence_ids, num_sequences, num_tokens, num_rows, settings.loss_type)
+    loss = (per_token * weights).sum()
 
     with torch.no_grad():
         # k3 estimator of KL(behaviour || proximal), sampled under the behaviour policy: >= 0, unbiased.

@@ -171,6 +171,21 @@ def test_clipped_loss_against_a_hand_computed_value() -> None:
     assert out.sums["kl"] == pytest.approx(0.148721 + 0.106531, abs=1e-5)
 
 
+def test_loss_type_grpo_averages_each_row_then_the_rows_of_the_step() -> None:
+    # The per-token terms of the hand-computed case above: t0 -1.97846, t1 -0.44933 (row 0), t2 2.21034.
+    logps = PROX + torch.tensor([0.3, -0.3, 0.1])
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    settings = LossSettings(epsilon=0.2, epsilon_high=0.2, loss_type="grpo")
+    out = grpo_loss(logps, PROX, BEHAVIOR, adv, MASK, SEQ, 2, 3, settings, num_rows=2)
+    # Row 0's mean (-1.213895) and row 1's (2.21034) weigh the same; dapo would give -0.072484.
+    assert out.loss.item() == pytest.approx((-1.213895 + 2.21034) / 2, abs=1e-5)
+    # A micro-batch holding these two of a step's four rows contributes its share of the step's mean.
+    out = grpo_loss(logps, PROX, BEHAVIOR, adv, MASK, SEQ, 2, 3, settings, num_rows=4)
+    assert out.loss.item() == pytest.approx((-1.213895 + 2.21034) / 4, abs=1e-5)
+    with pytest.raises(ValueError, match="num_rows"):
+        grpo_loss(logps, PROX, BEHAVIOR, adv, MASK, SEQ, 2, 3, settings)
+
+
 def test_mode_none_uses_behaviour_as_proximal_and_normalises_by_the_step() -> None:
     logps = torch.tensor([-0.8, -2.0, -0.5])  # vs behaviour: r = e^0.2 = 1.2214, 1, 1
     adv = torch.tensor([1.0, 1.0, -2.0])

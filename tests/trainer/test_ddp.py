@@ -47,9 +47,9 @@ class RecordingTrainer(HarnessAsyncGRPOTrainer):
         self.step_items = [item for shard in shards for item in shard.items]
         return shards
 
-    def _optimize(self, items, trained):
+    def _optimize(self, items, trained, rows):
         self.rows_trained = len(items)
-        return super()._optimize(items, trained)
+        return super()._optimize(items, trained, rows)
 
 
 def _config(output_dir: Path, engine_url: str | None) -> AsyncGRPOConfig:
