@@ -15,7 +15,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from capture_proxy.app import agent_router
+from capture_proxy.app import SamplingFastPath, agent_router
 from capture_proxy.models import INT64_LIMIT, TrainingTrace
 from harbor_server.errors import HarborServerError
 from harbor_server.models import (
@@ -164,6 +164,7 @@ def create_capture_app(service: CaptureService) -> FastAPI:
     """The sandbox-facing port: agent routes (session key) and /health, nothing else."""
     app = FastAPI(title="Harbor-RL capture port", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(agent_router(service))
+    app.add_middleware(SamplingFastPath, service=service)  # as the standalone proxy: less per call
 
     @app.get("/health")
     async def health() -> dict:

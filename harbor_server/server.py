@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import uvicorn
 
 from capture_proxy.config import ProxyConfig
+from capture_proxy.gc_tuning import serving_gc
 from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore, default_store_url
 from harbor_server.config import ServeConfig
@@ -190,7 +191,7 @@ class HarborServer:
             ),
         ]
         tasks = [asyncio.create_task(s.serve()) for s in self._http]
-        with self._shutdown_on_signals():
+        with self._shutdown_on_signals(), serving_gc():  # as the standalone proxy's lifespan
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             self.request_shutdown()
             results = await asyncio.gather(*tasks, return_exceptions=True)
