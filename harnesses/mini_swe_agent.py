@@ -33,6 +33,10 @@ LITELLM_VERSION = "1.75.6"
 rollout starts a fresh agent, and `import litellm` is most of its start-up. Measured here, the same
 machine, interleaved: 1.110.2 took 5.0-5.2 CPU-s to import, 1.75.6 3.4-3.5 CPU-s. A pin also keeps
 the image the same from one day to the next."""
+OPENAI_VERSION = "1.99.9"
+"""litellm's own client library, pinned to the release litellm 1.75.6 came out with (it asks for
+openai>=1.99.5): openai 3.57.0 took 1.0 CPU-s to import, and the agent's start-up (mini-swe-agent's
+litellm model) went from 2.6-2.8 to 1.8-2.2 CPU-s with 1.99.9, measured here, interleaved."""
 INSTALL_DIR = "/opt/harbor-rl/mini-swe-agent"
 BINARY = f"{INSTALL_DIR}/bin/mini-swe-agent"
 TRAJECTORY = f"{LOG_DIR}/mini-swe-agent.traj.json"
@@ -55,12 +59,14 @@ class MiniSweAgentHarness:
         *,
         version: str = VERSION,
         litellm_version: str = LITELLM_VERSION,
+        openai_version: str = OPENAI_VERSION,
         python_version: str = "3.11",
         model_retries: int = 3,
         command_timeout_s: int = 60,
     ) -> None:
         self.version = version
         self.litellm_version = litellm_version
+        self.openai_version = openai_version
         self.python_version = python_version
         """CPython version of the sandbox image's `python3` (the wheels are built for it)."""
         self.model_retries = model_retries
@@ -70,8 +76,10 @@ class MiniSweAgentHarness:
 
     def image_layer(self) -> ImageLayer:
         """Pinned wheels from the host cache, installed into a private venv (fetches them on first use)."""
-        requirements = [f"mini-swe-agent=={self.version}", f"litellm=={self.litellm_version}"]
-        name = f"mini-swe-agent-{self.version}-litellm-{self.litellm_version}"
+        requirements = [
+            f"mini-swe-agent=={self.version}", f"litellm=={self.litellm_version}", f"openai=={self.openai_version}"
+        ]  # fmt: skip
+        name = f"mini-swe-agent-{self.version}-litellm-{self.litellm_version}-openai-{self.openai_version}"
         assets = ensure_asset(
             f"{name}-cp{self.python_version.replace('.', '')}",
             lambda folder: pip_download(

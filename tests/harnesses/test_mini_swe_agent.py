@@ -17,6 +17,7 @@ from harnesses.assets import ASSETS_ENV, COMPLETE_MARKER
 from harnesses.mini_swe_agent import (
     BINARY,
     LITELLM_VERSION,
+    OPENAI_VERSION,
     TRAJECTORY,
     VERSION,
     MiniSweAgentHarness,
@@ -73,16 +74,18 @@ def test_environment_points_at_the_proxy_with_only_the_session_key() -> None:
 
 def test_image_layer_installs_pinned_wheels_from_the_host_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(ASSETS_ENV, str(tmp_path))
-    cached = tmp_path / f"mini-swe-agent-{VERSION}-litellm-{LITELLM_VERSION}-cp311"
+    name = f"mini-swe-agent-{VERSION}-litellm-{LITELLM_VERSION}-openai-{OPENAI_VERSION}"
+    cached = tmp_path / f"{name}-cp311"
     (cached / "wheels").mkdir(parents=True)
     (cached / COMPLETE_MARKER).write_text("")  # already fetched: no network needed
     layer = MiniSweAgentHarness().image_layer()
-    assert layer.name == f"mini-swe-agent-{VERSION}-litellm-{LITELLM_VERSION}"
+    assert layer.name == name
     assert layer.context_dir == cached
     script = "\n".join(layer.dockerfile_lines)
     assert script.startswith("COPY wheels/ ")
     assert "--no-index" in script and f"'mini-swe-agent=={VERSION}'" in script
     assert f"'litellm=={LITELLM_VERSION}'" in script  # the model client is pinned too
+    assert f"'openai=={OPENAI_VERSION}'" in script
     assert "venv --without-pip /opt/harbor-rl/mini-swe-agent" in script
 
 
