@@ -4,6 +4,7 @@ A None reward is unscoreable: it is left out of the mean and the std and gets no
 not trained), never counted as 0. The std is the sample std (ddof=1), as `torch.std` gives TRL. A group
 whose scoreable rewards are all equal (or that has fewer than two) carries no signal: its advantages are
 all 0 and `zero_spread` says so, so the trainer can report the fraction of such groups.
+`negative_scale` multiplies the below-average members' advantages (AsyncGRPOConfig.negative_advantage_scale).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class GroupAdvantages:
     """No signal: fewer than two scoreable members, or all of them equal."""
 
 
-def group_advantages(rewards: Sequence[float | None]) -> GroupAdvantages:
+def group_advantages(rewards: Sequence[float | None], negative_scale: float = 1.0) -> GroupAdvantages:
     scored = [float(r) for r in rewards if r is not None]
     for r in scored:
         if not math.isfinite(r):
@@ -38,6 +39,13 @@ def group_advantages(rewards: Sequence[float | None]) -> GroupAdvantages:
     std = math.sqrt(sum((r - mean) ** 2 for r in scored) / (len(scored) - 1)) if len(scored) > 1 else None
     zero_spread = std is None or std == 0.0
     advantages = tuple(
-        None if r is None else (0.0 if zero_spread else (float(r) - mean) / (std + EPS)) for r in rewards
+        None
+        if r is None
+        else (0.0 if zero_spread else _scaled((float(r) - mean) / (std + EPS), negative_scale))
+        for r in rewards
     )
     return GroupAdvantages(advantages, mean, std, len(scored), zero_spread)
+
+
+def _scaled(advantage: float, negative_scale: float) -> float:
+    return advantage * negative_scale if advantage < 0 else advantage

@@ -157,6 +157,12 @@ class AsyncGRPOConfig(BaseModel):
     as TRL's async GRPO does; `grpo`, each row's tokens are averaged first and the rows weigh the same,
     so a long rollout (often one that went astray and ran to the length limit) counts as much as a short
     one, not more."""
+    negative_advantage_scale: float = Field(default=1.0, ge=0, le=1)
+    """Below-average rollouts' advantages are multiplied by this (not a TRL field). 1: GRPO as TRL has it;
+    0: only the rollouts that beat their group's mean are trained, pushed up by their advantage. Pushing a
+    low-probability token down moves its logit as hard as pushing a likely one up, and lifts every other
+    token of that context: with a small policy whose failures are mostly garbage sampled at temperature 1,
+    those updates outweigh the successes and raise the entropy (docs/design.md, "Loss")."""
     importance_sampling_mode: ImportanceSamplingMode = "token_truncate"
     """How w = pi_prox / pi_behavior corrects for the engine's sampling policy: clamp (`*_truncate`) or
     zero (`*_mask`) w outside [importance_sampling_min, importance_sampling_max], per token or on the

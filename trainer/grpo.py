@@ -299,7 +299,7 @@ class HarnessAsyncGRPOTrainer:
         failures_by_name: Counter[str] = Counter()
         failed = sum(s.failed for g in groups for s in g.samples)
         for group in groups:
-            adv = group_advantages([s.reward for s in group.samples])
+            adv = group_advantages([s.reward for s in group.samples], self.args.negative_advantage_scale)
             zero_spread += adv.zero_spread
             if adv.std is not None:
                 stds.append(adv.std)
@@ -321,6 +321,8 @@ class HarnessAsyncGRPOTrainer:
                     staleness.append(self.policy_version - sample.policy_version)
                 if advantage is None or adv.zero_spread:
                     continue  # unscoreable, or a group without signal: nothing to learn
+                if advantage == 0 and self.args.negative_advantage_scale == 0:
+                    continue  # below average and not trained: it must not dilute the step's mean either
                 items.extend(TrainItem(row, advantage) for row in sample.rows)
         n = max(len(groups), 1)
         # TRL's names: the rollout's reward (rollout_reward_fn's, else the verifier's) is `harness_reward`.

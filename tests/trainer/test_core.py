@@ -58,6 +58,14 @@ def test_advantages_leave_none_out_of_the_baseline() -> None:
     assert g.advantages[3] == 0.0
 
 
+def test_negative_scale_shrinks_only_the_below_average_advantages() -> None:
+    # mean 0.5, std 0.5 as above: advantages 1, -1, 0 before scaling; the baseline does not move.
+    g = group_advantages([1.0, None, 0.0, 0.5], negative_scale=0.25)
+    assert g.mean == 0.5 and g.std == pytest.approx(0.5)
+    assert g.advantages == (pytest.approx(1.0), None, pytest.approx(-0.25), 0.0)
+    assert group_advantages([1.0, 0.0, 0.0], negative_scale=0.0).advantages[1:] == (0.0, 0.0)
+
+
 def test_zero_spread_and_unscoreable_groups_carry_no_signal() -> None:
     same = group_advantages([0.7, 0.7, None])
     assert same.zero_spread and same.advantages == (0.0, 0.0, None)

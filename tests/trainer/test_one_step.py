@@ -1,15 +1,22 @@
-"""Logprobs on packed rows match a plain forward pass per row, and one GRPO update moves a
-positive-advantage completion up and a negative one down (the real tiny model, real AdamW)."""
+"""Logprobs on packed rows match a plain forward pass per row, one GRPO update moves a
+positive-advantage completion up and a negative one down (the real tiny model, real AdamW), and the
+step's rows carry their rollout's advantage as `negative_advantage_scale` sets it."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from capture_proxy.rows import TrainingRow
+from trainer.config import AsyncGRPOConfig
+from trainer.grpo import HarnessAsyncGRPOTrainer
 from trainer.logprobs import token_logprobs
 from trainer.loss import LossSettings, grpo_loss
 from trainer.packing import TrainItem, pack
+from trainer.rollout_worker import RolloutGroup, RolloutSample
 
 PROMPT = [11, 12, 13, 14, 15]
 
@@ -68,3 +75,23 @@ def test_one_update_raises_positive_and_lowers_negative_completions(tiny_model) 
     after_bad = sum(reference_logps(model, PROMPT + bad, 1.0)[len(PROMPT) - 1 :])
     assert after_good > sum(behavior[tuple(good)]) + 0.1
     assert after_bad < sum(behavior[tuple(bad)]) - 0.1
+
+
+@pytest.mark.parametrize(
+    "scale, trained", [(1.0, {"good": 0.707107, "bad": -0.707107}), (0.0, {"good": 0.707107})]
+)
+def test_below_average_rollouts_train_with_the_negative_advantage_scale(scale, trained, tmp_path) -> None:
+    # A group of two (rewards 1 and 0): advantages +-0.5 / sqrt(0.5) (mean 0.5, sample std). Scale 0
+    # leaves the worse rollout out of the step altogether, so its tokens do not dilute the mean either.
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2,
+        negative_advantage_scale=scale,
+    )  # fmt: skip
+    samples = [
+        RolloutSample(0, 1.0, None, rows=[replace(row([40, 41], [-1.0, -1.0]), session_id="good")]),
+        RolloutSample(1, 0.0, None, rows=[replace(row([50, 51], [-1.0, -1.0]), session_id="bad")]),
+    ]
+    trainer = SimpleNamespace(args=config, policy_version=0, reward_fn=None)
+    items, stats = HarnessAsyncGRPOTrainer._items(trainer, [RolloutGroup(0, {}, samples, started_version=0)])
+    assert {item.row.session_id: round(item.advantage, 6) for item in items} == trained
+    assert stats["reward"] == 0.5  # the step's reward still counts every scoreable rollout
