@@ -4,7 +4,8 @@
 - `server.create_app(EngineConfig(...))`: the FastAPI app behind `harbor engine`; `serving` holds
   the chat / completions handlers, `protocol` vLLM's request and response shapes, `chat` the chat
   template and hermes tool-call parser.
-- `scheduler.BatchScheduler`: the batching generation loop; `sampling`: processed logprobs.
+- `scheduler.BatchScheduler`: the batching generation loop; `prefix_cache`: vLLM's automatic prefix
+  caching (earlier prompts' keys and values reused); `sampling`: processed logprobs.
 - `weight_transfer.WeightReceiver`: vLLM's weight-transfer endpoints over gloo; `weight_client.
   WeightSyncClient`: the trainer's side of that protocol, against this engine (gloo) or vLLM (NCCL).
 - `imitation`: a faithful imitation of vLLM's OpenAI server (byte tokenizer, deterministic sampler,

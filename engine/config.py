@@ -39,6 +39,10 @@ class EngineConfig(BaseModel):
     when the CPU is shared)."""
     max_batch_size: int = 64
     """Sequences decoded together in one step; more wait in the queue."""
+    enable_prefix_caching: bool = True
+    """Reuse the keys and values of earlier prompts' leading blocks, as vLLM does by default."""
+    prefix_cache_mb: float = 256.0
+    """Memory the prefix cache may hold (least recently used prompts go first)."""
     dtype: str = "float32"
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     """Where the model runs: `cuda` (or `auto` with a GPU) puts it on the current GPU. The default CPU
@@ -110,6 +114,7 @@ def load_engine(config: EngineConfig) -> EngineState:
         max_model_len=max_model_len,
         eos_token_ids=eos_ids,
         max_batch_size=config.max_batch_size,
+        prefix_cache_bytes=int(config.prefix_cache_mb * 2**20) if config.enable_prefix_caching else 0,
         device=device,
     )
     return EngineState(

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import BadRequest, EngineStopped
+from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingSettings, processed_logprobs, sample, top_alternatives
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class BatchScheduler:
         eos_token_ids: list[int],
         max_batch_size: int = 64,
         max_prefill_tokens: int = 4096,
+        prefix_cache_bytes: int = 0,
         device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
@@ -124,6 +126,8 @@ class BatchScheduler:
         """The served weights' tag, as vLLM keeps it (`vllm/v1/engine/core.py`): "default" until a trainer
         names one at /finish_weight_update or /update_weight_version."""
         self.stats = {"steps": 0, "max_batch": 0, "tokens": 0}
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        """Earlier prompts' key/value tensors (None: prefix caching off)."""
         self._cache_kw = _cache_kwarg(model)
         self._cond = threading.Condition()
         self._step_lock = threading.Lock()
@@ -208,8 +212,16 @@ class BatchScheduler:
         `finish_weight_update(weight_version)`: without one the tag stays)."""
         with self._step_lock, torch.no_grad():
             apply(self.model)
+            if self.prefix_cache is not None:  # their keys and values came from the old weights
+                self.prefix_cache.clear()
             if weight_version is not None:
                 self.weight_version = weight_version
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt (vLLM's `reset_prefix_cache`), between steps."""
+        with self._step_lock:
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
 
     def set_weight_version(self, weight_version: str) -> None:
         """vLLM's /update_weight_version: a new tag for the weights already served."""
@@ -271,7 +283,11 @@ class BatchScheduler:
         return out.logits[:, -1, :], _cache_tensors(cache)
 
     def _prefill(self, seq: Sequence) -> None:
-        logits, kv = self._forward(torch.tensor([seq.prompt_ids], device=self.device), None)
+        cache = self.prefix_cache
+        cached, past = cache.lookup(seq.prompt_ids) if cache is not None else (0, None)
+        logits, kv = self._forward(torch.tensor([seq.prompt_ids[cached:]], device=self.device), past)
+        if cache is not None:
+            cache.store(seq.prompt_ids, kv, cached)
         seq.version = self.weight_version
         if not self._advance(seq, logits[0]):
             self._add_row(seq, kv)

@@ -240,13 +240,23 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
     async def pause(
         request: Request,
         mode: Literal["abort", "wait", "keep"] = Query("abort"),
-        clear_cache: bool = Query(True),  # vLLM's deprecated flag: this engine keeps no prefix cache
+        clear_cache: bool = Query(True),
     ) -> dict[str, str]:
         # keep (what the trainer sends): running requests freeze and go on under the new weights after
         # /resume; new ones queue. abort ends running requests (finish_reason "abort"); wait lets them
         # finish. New requests during abort/wait queue here as in vLLM 0.28 (0.33 answers them 503).
-        await asyncio.to_thread(engine(request).scheduler.pause, mode)
+        # clear_cache empties the prefix cache once paused, as vLLM's does.
+        scheduler = engine(request).scheduler
+        await asyncio.to_thread(scheduler.pause, mode)
+        if clear_cache:
+            await asyncio.to_thread(scheduler.reset_prefix_cache)
         return {"status": "paused"}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> Response:
+        # vLLM's development route (vllm/entrypoints/serve/cache/api_router.py): 200, no body.
+        await asyncio.to_thread(engine(request).scheduler.reset_prefix_cache)
+        return Response(status_code=200)
 
     @app.post("/resume")
     async def resume(request: Request) -> dict[str, str]:
