@@ -33,6 +33,11 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(
             "cpu", "--device", help="cpu, cuda (the current GPU) or auto (cuda when there is a GPU)."
         ),
+        enable_prefix_caching: bool = typer.Option(
+            True,
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="Reuse earlier prompts' keys and values, as vLLM does by default.",
+        ),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
     ) -> None:
         """Serve MODEL like `vllm serve` does (chat, completions, logprobs, token ids, weight sync over gloo)."""
@@ -54,6 +59,7 @@ def register(app: typer.Typer) -> None:
             return_tokens_as_token_ids=return_tokens_as_token_ids,
             num_threads=num_threads,
             max_batch_size=max_batch_size,
+            enable_prefix_caching=enable_prefix_caching,
         )
         try:  # fail fast with a clear message instead of a traceback from the server's start-up
             engine_device(device)

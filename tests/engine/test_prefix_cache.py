@@ -9,9 +9,11 @@ import httpx
 import openai
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from engine.config import EngineConfig, load_engine
 from engine.prefix_cache import BLOCK_SIZE, PrefixCache, block_keys
+from harbor_rl.cli import app
 from tests.engine.test_openai_api import IDS, TOOLS, recompute
 
 SYSTEM = "You are a coding agent. Run one bash command per turn and read its output. " * 6
@@ -72,6 +74,9 @@ def test_new_weights_and_the_reset_routes_empty_the_cache(fresh_engine):
 def test_prefix_caching_can_be_turned_off(tiny_dir):
     state = load_engine(EngineConfig(model=str(tiny_dir), enable_prefix_caching=False))
     assert state.scheduler.prefix_cache is None
+    # vLLM's flag pair on `harbor engine`.
+    help_text = CliRunner().invoke(app, ["engine", "--help"], env={"COLUMNS": "200"}).output
+    assert "--enable-prefix-caching" in help_text and "--no-enable-prefix-caching" in help_text
 
 
 def _kv(length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
