@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from engine.errors import EngineConfigError, ModelNotFound
 from engine.protocol import TokenNamer
@@ -41,7 +41,7 @@ class EngineConfig(BaseModel):
     """Sequences decoded together in one step; more wait in the queue."""
     enable_prefix_caching: bool = True
     """Reuse the keys and values of earlier prompts' leading blocks, as vLLM does by default."""
-    prefix_cache_mb: float = 256.0
+    prefix_cache_mb: float = Field(256.0, gt=0)
     """Memory the prefix cache may hold (least recently used prompts go first)."""
     dtype: str = "float32"
     device: Literal["auto", "cpu", "cuda"] = "cpu"
