@@ -51,7 +51,8 @@ class PrefixCache:
     def __init__(self, max_bytes: int, block_size: int = BLOCK_SIZE):
         self.max_bytes = max_bytes
         self.block_size = block_size
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[_Entry, None] = collections.OrderedDict()
+        """Entries, least recently used first."""
         self._by_key: dict[int, tuple[_Entry, int]] = {}
         """Block key -> the entry that holds that block most recently, and the tokens up to its end."""
         self._bytes = 0
@@ -82,7 +83,7 @@ class PrefixCache:
         entry, length = found
         if entry.tokens[:length] != tokens[:length]:  # a hash collision: never serve another prompt's keys
             return 0, None
-        self._entries.move_to_end(id(entry))
+        self._entries.move_to_end(entry)
         self.hits += length
         return length, [(k[:, :, :length], v[:, :, :length]) for k, v in entry.kv]
 
@@ -96,12 +97,12 @@ class PrefixCache:
         if nbytes > self.max_bytes:
             return
         entry = _Entry(tokens=list(tokens), kv=kv, keys=keys, nbytes=nbytes)
-        self._entries[id(entry)] = entry
+        self._entries[entry] = None
         self._bytes += nbytes
         for index, key in enumerate(keys):
             self._by_key[key] = (entry, (index + 1) * self.block_size)
         while self._bytes > self.max_bytes:
-            self._evict(next(iter(self._entries.values())))
+            self._evict(next(iter(self._entries)))
 
     def clear(self) -> None:
         self._entries.clear()
@@ -109,7 +110,7 @@ class PrefixCache:
         self._bytes = 0
 
     def _evict(self, entry: _Entry) -> None:
-        del self._entries[id(entry)]
+        del self._entries[entry]
         self._bytes -= entry.nbytes
         for key in entry.keys:
             match = self._by_key.get(key)
