@@ -15,7 +15,7 @@ from capture_proxy.config import ProxyConfig
 from capture_proxy.errors import CaptureError, ProxyRequestError, StoreError, upstream_error
 from capture_proxy.metrics import ProxyMetrics
 from capture_proxy.models import TrainingTurn, TurnMetadata
-from capture_proxy.store import AsyncTurnWriter, TraceStore, codec
+from capture_proxy.store import TraceStore, TurnWriter, codec
 from capture_proxy.upstream import Capture
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class TurnRecorder:
     """Writes each call's turn (waiting until it is committed) and turns engine failures into errors."""
 
     def __init__(
-        self, config: ProxyConfig, store: TraceStore, writer: AsyncTurnWriter, metrics: ProxyMetrics
+        self, config: ProxyConfig, store: TraceStore, writer: TurnWriter, metrics: ProxyMetrics
     ):
         self.config = config
         self.store = store

@@ -29,7 +29,7 @@ from capture_proxy.recording import TurnRecorder
 from capture_proxy.relay import StreamRelay
 from capture_proxy.responses import error_response
 from capture_proxy.sessions import LiveSession, SessionRegistry
-from capture_proxy.store import AsyncTurnWriter, TraceStore
+from capture_proxy.store import TraceStore, turn_writer
 from capture_proxy.upstream import Endpoint
 
 
@@ -39,7 +39,7 @@ class CaptureService:
     def __init__(self, config: ProxyConfig, store: TraceStore, *, client: httpx.AsyncClient | None = None):
         self.config = config
         self.store = store
-        self.writer = AsyncTurnWriter(store)
+        self.writer = turn_writer(store)
         self.metrics = ProxyMetrics()
         self._sessions = SessionRegistry(config, store, self.metrics)
         self._engine = EngineClient(config, client)

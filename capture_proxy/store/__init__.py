@@ -7,6 +7,16 @@ SQLite (WAL) by default at $HARBOR_RUNS_DIR/traces.db; any SQLAlchemy URL works,
 from capture_proxy.store.engine import as_store_url, default_store_url
 from capture_proxy.store.records import ROLLOUT_KEY, SessionRecord
 from capture_proxy.store.store import TraceStore
-from capture_proxy.store.writer import AsyncTurnWriter
+from capture_proxy.store.writer import AsyncTurnWriter, LoopTurnWriter, TurnWriter, turn_writer
 
-__all__ = ["ROLLOUT_KEY", "AsyncTurnWriter", "SessionRecord", "TraceStore", "as_store_url", "default_store_url"]
+__all__ = [
+    "ROLLOUT_KEY",
+    "AsyncTurnWriter",
+    "LoopTurnWriter",
+    "SessionRecord",
+    "TraceStore",
+    "TurnWriter",
+    "as_store_url",
+    "default_store_url",
+    "turn_writer",
+]

@@ -190,6 +190,11 @@ class TraceStore:
     def __repr__(self) -> str:
         return f"TraceStore({redact(self.url)!r})"
 
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the database is SQLite: its commits are local C calls, with no network to wait on."""
+        return self._engine.dialect.name == "sqlite"
+
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Session]:
         """One transaction; database errors leave as StoreError naming the store."""

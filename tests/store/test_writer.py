@@ -1,4 +1,5 @@
-"""AsyncTurnWriter: concurrent writes are committed once, in order, and durably before write() returns."""
+"""Both turn writers (thread and event loop): concurrent writes are committed once, in order, and durably
+before write() returns."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import textwrap
 import pytest
 
 from capture_proxy.errors import SessionNotFound, StoreError, TurnExists
-from capture_proxy.store import AsyncTurnWriter, TraceStore
+from capture_proxy.store import AsyncTurnWriter, LoopTurnWriter, TraceStore, turn_writer
 
 from .factories import make_session, make_turn
 
@@ -27,12 +28,22 @@ class BatchRecordingStore(TraceStore):
         self.batches.append(len(items))
 
 
-async def test_concurrent_writes_all_committed_once_and_in_order(store_url):
+@pytest.fixture(params=[AsyncTurnWriter, LoopTurnWriter], ids=["thread", "loop"])
+def writer_cls(request: pytest.FixtureRequest) -> type:
+    return request.param
+
+
+def test_the_store_picks_the_loop_writer_for_sqlite_only(store):
+    expected = LoopTurnWriter if store.url.startswith("sqlite") else AsyncTurnWriter
+    assert type(turn_writer(store)) is expected
+
+
+async def test_concurrent_writes_all_committed_once_and_in_order(store_url, writer_cls):
     store = BatchRecordingStore(store_url)
     sessions, turns_per_session = 24, 12
     for i in range(sessions):
         store.create_session(make_session(f"s{i:02d}"))
-    writer = AsyncTurnWriter(store, max_batch=64)
+    writer = writer_cls(store, max_batch=64)
 
     async def agent(i: int) -> None:
         for seq in range(turns_per_session):  # an agent's calls are sequential
@@ -50,9 +61,9 @@ async def test_concurrent_writes_all_committed_once_and_in_order(store_url):
     store.close()
 
 
-async def test_a_bad_write_fails_alone(store):
+async def test_a_bad_write_fails_alone(store, writer_cls):
     store.create_session(make_session("good"))
-    writer = AsyncTurnWriter(store)
+    writer = writer_cls(store)
     store.add_turn("good", 0, make_turn(0))
     results = await asyncio.gather(
         writer.write("good", 1, make_turn(1)),
@@ -68,9 +79,9 @@ async def test_a_bad_write_fails_alone(store):
     assert store.get_turns("good") == [make_turn(0), make_turn(1), make_turn(4)]
 
 
-async def test_cancelled_waiter_still_gets_its_turn_stored(store):
+async def test_cancelled_waiter_still_gets_its_turn_stored(store, writer_cls):
     store.create_session(make_session("cancel"))
-    writer = AsyncTurnWriter(store)
+    writer = writer_cls(store)
     task = asyncio.create_task(writer.write("cancel", 0, make_turn(0)))
     await asyncio.sleep(0)  # the task has queued its turn and is waiting for the commit
     task.cancel()
@@ -79,9 +90,9 @@ async def test_cancelled_waiter_still_gets_its_turn_stored(store):
     assert store.get_turns("cancel") == [make_turn(0)]
 
 
-async def test_closed_writer_refuses_writes(store):
+async def test_closed_writer_refuses_writes(store, writer_cls):
     store.create_session(make_session("closed"))
-    writer = AsyncTurnWriter(store)
+    writer = writer_cls(store)
     await writer.write("closed", 0, make_turn(0))
     await writer.aclose()
     await writer.aclose()  # idempotent
@@ -89,9 +100,9 @@ async def test_closed_writer_refuses_writes(store):
         await writer.write("closed", 1, make_turn(1))
 
 
-def test_max_batch_must_be_positive(store):
+def test_max_batch_must_be_positive(store, writer_cls):
     with pytest.raises(ValueError, match="max_batch"):
-        AsyncTurnWriter(store, max_batch=0)
+        writer_cls(store, max_batch=0)
 
 
 _READ_IN_CHILD = textwrap.dedent(
@@ -106,11 +117,11 @@ _READ_IN_CHILD = textwrap.dedent(
 _WRITE_THEN_DIE = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from capture_proxy.store import AsyncTurnWriter, TraceStore
+    from capture_proxy import store
     from tests.store.factories import make_turn
 
     async def main():
-        writer = AsyncTurnWriter(TraceStore(sys.argv[1]))
+        writer = getattr(store, sys.argv[3])(store.TraceStore(sys.argv[1]))
         await writer.write(sys.argv[2], 0, make_turn(77))
         print("committed", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # no close, no flush, no atexit: a crash
@@ -132,9 +143,9 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-async def test_turn_is_visible_to_another_process_as_soon_as_write_returns(store, store_url):
+async def test_turn_is_visible_to_another_process_as_soon_as_write_returns(store, store_url, writer_cls):
     store.create_session(make_session("durable"))
-    writer = AsyncTurnWriter(store)
+    writer = writer_cls(store)
     await writer.write("durable", 0, make_turn(5))
     # No close, no flush: the other process must see the turn already.
     child = await asyncio.to_thread(_child, _READ_IN_CHILD, store_url, "durable")
@@ -143,9 +154,9 @@ async def test_turn_is_visible_to_another_process_as_soon_as_write_returns(store
     assert child.stdout == make_turn(5).model_dump_json()
 
 
-def test_committed_turn_survives_a_writer_crash(store, store_url):
+def test_committed_turn_survives_a_writer_crash(store, store_url, writer_cls):
     store.create_session(make_session("crash"))
-    child = _child(_WRITE_THEN_DIE, store_url, "crash")
+    child = _child(_WRITE_THEN_DIE, store_url, "crash", writer_cls.__name__)
     assert child.returncode == -9, child.stderr
     assert child.stdout == "committed\n"
     assert store.get_turns("crash") == [make_turn(77)]
