@@ -429,8 +429,9 @@ def run_target(name: str, engine_url: str, proxy_core: int | None, quick: bool, 
 
 PROMPT_SIZES = {512: 2, 16_384: 70}
 """Prompt ids the engine reports -> KB of history the agents send."""
-SIZE_PLAN = {1: 48, 16: 24, 64: 8}
-"""Agents -> turns per agent (one session each) at each prompt size."""
+SIZE_PLAN = {1: (4, 48), 16: (1, 24), 64: (1, 8)}
+"""Agents -> (sessions per agent, turns per session) at each prompt size. One agent runs four sessions
+so that its CPU time spans ~20 clock ticks, not ~5: /proc reports CPU time in 10 ms ticks."""
 SIZE_TARGETS = ("direct", "harbor-rl", "openenv")
 
 
@@ -444,19 +445,23 @@ class SizeOutcome:
     """Our proxy's store after the runs: turns, bytes, and per column group."""
 
 
-async def run_size_level(target: Target, agents: int, turns: int, history_kb: int) -> Level:
-    """`agents` agents at once, each one session of `turns` non-streamed turns asking for ids and logprobs."""
+async def run_size_level(
+    target: Target, agents: int, turns: int, history_kb: int, sessions: int = 1
+) -> Level:
+    """`agents` agents at once, each `sessions` sessions of `turns` non-streamed turns asking for ids
+    and logprobs (each session starting from the same history)."""
     level = Level(False, agents)
     url = f"{target.url}/v1/chat/completions"
     limits = httpx.Limits(max_connections=agents + 4, max_keepalive_connections=agents + 4)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
 
         async def agent_loop() -> None:
-            agent = Agent(history_kb)
-            key, _ = await target.mint(client)
-            for _ in range(turns):
-                if not await timed_turn(level, client, url, key, agent, False, CAPTURE_PARAMS):
-                    return
+            for _ in range(sessions):
+                agent = Agent(history_kb)
+                key, _ = await target.mint(client)
+                for _ in range(turns):
+                    if not await timed_turn(level, client, url, key, agent, False, CAPTURE_PARAMS):
+                        return
 
         await run_agents(level, target, agent_loop, agents)
     return level
@@ -502,8 +507,8 @@ def run_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: int
         async def levels() -> list[Level]:
             await run_size_level(target, 4, 3, history_kb)  # warm-up
             out = []
-            for agents, turns in SIZE_PLAN.items():
-                level = await run_size_level(target, agents, turns, history_kb)
+            for agents, (sessions, turns) in SIZE_PLAN.items():
+                level = await run_size_level(target, agents, turns, history_kb, sessions)
                 cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
                 console.log(f"{name} {prompt_ids} ids, {agents} agents: "
                             f"{level.requests / level.wall_s:.0f} req/s{cpu}, {level.failed} failed")  # fmt: skip
