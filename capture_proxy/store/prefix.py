@@ -10,7 +10,7 @@ The same base turn serves the request's messages (compact.py): the turn stores o
 after those it shares with the base turn's.
 
 The writer remembers the last turn it committed per session (its tokens as int32 bytes and its
-messages as JSON text, with a memory budget).
+messages as one JSON array, with a memory budget).
 A session it does not remember (another process wrote it, or it was evicted) simply gets a full
 prompt, which later turns then share from.
 """
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from capture_proxy.store.compact import NO_MESSAGES, Messages
 
 _ID_BYTES = 4
 
@@ -31,12 +33,12 @@ class Base:
     seq: int
     tokens: bytes
     """The base turn's prompt + completion ids, int32 little-endian."""
-    messages: tuple[bytes, ...] = ()
-    """The base turn's request messages, each as JSON text (compact.message_parts)."""
+    messages: Messages = NO_MESSAGES
+    """The base turn's request messages (compact.messages_of)."""
+    nbytes: int = field(init=False)
 
-    @property
-    def nbytes(self) -> int:
-        return len(self.tokens) + sum(map(len, self.messages))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", len(self.tokens) + len(self.messages.text))
 
 
 @dataclass(frozen=True, slots=True)

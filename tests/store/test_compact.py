@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from capture_proxy.models import TrainingTurn, TurnMetadata
-from capture_proxy.store import TraceStore, codec
+from capture_proxy.store import TraceStore, codec, compact
 from capture_proxy.store.compact import Elided, elide_response, restore_response
 from capture_proxy.store.engine import create_store_engine
 from capture_proxy.store.migrate import alembic_config
@@ -121,6 +121,47 @@ def test_messages_are_shared_only_when_their_json_is_the_same(store):
     assert shared == [0, 1, 0, 0]
     back[1].request["messages"][0]["content"] = "changed"  # each turn read back owns its objects
     assert back[2].request["messages"][0]["content"] == "go"
+
+
+@pytest.mark.parametrize(
+    ("base", "mine", "shared"),
+    [
+        ([{"a": 1}], [{"a": 1}, {"b": 2}], 1),  # the usual turn: the history extended
+        ([{"a": 1}, {"b": 2}], [{"a": 1}, {"b": 2}], 2),  # resent as it was
+        ([1], [12, 1], 0),  # a number whose text begins the other's
+        (["a"], ['a","b'], 0),  # a string whose text begins the other's
+        ([{"a": 1}, {"b": 2}, {"c": 3}], [{"a": 1}, {"x": 0}, {"c": 3}], 1),  # an edited history
+        ([{"a": 1}, {"b": 2}], [{"a": 1}], 1),  # a compacted one
+        ([{"a": 1.0}], [{"a": 1}, {"b": 2}], 0),  # equal as numbers, not as JSON
+        ([], [{"a": 1}], 0),
+    ],
+)
+def test_shared_messages_counts_the_leading_messages_with_the_same_json(base, mine, shared):
+    assert (
+        compact.shared_messages(
+            compact.messages_of({"messages": mine}), compact.messages_of({"messages": base})
+        )
+        == shared
+    )
+
+
+def test_a_compacted_history_shares_what_it_kept(store):
+    store.create_session(make_session("s"))
+    system = {"role": "system", "content": "be brief"}
+    turns = [
+        turn(0, [system, {"role": "user", "content": "one"}]),
+        turn(1, [system, {"role": "user", "content": "one"}, {"role": "assistant", "content": "1"}]),
+        turn(2, [system, {"role": "user", "content": "summary of one"}]),  # the agent compacted
+        turn(
+            3, [system, {"role": "user", "content": "summary of one"}, {"role": "assistant", "content": "2"}]
+        ),
+    ]
+    for seq, t in enumerate(turns):
+        store.add_turn("s", seq, t)
+    assert [orjson.dumps(t.request) for t in store.get_turns("s")] == [orjson.dumps(t.request) for t in turns]
+    with store._engine.connect() as conn:
+        shared = conn.execute(sa.text("SELECT request_shared FROM turns ORDER BY seq")).scalars().all()
+    assert shared == [0, 2, 1, 2]
 
 
 def test_rows_written_before_0004_read_back_unchanged(store_url):
