@@ -14,7 +14,7 @@ from capture_proxy.config import ProxyConfig
 from capture_proxy.errors import upstream_error
 from capture_proxy.responses import JSON
 from capture_proxy.sessions import LiveSession
-from capture_proxy.transport import FastHTTPTransport
+from capture_proxy.transport import FastHTTPTransport, Reply, request_head
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,8 @@ _SAMPLING_ROUTES = {"chat": "/chat/completions", "completions": "/completions"}
 
 
 class EngineClient:
-    """POSTs agent calls to their session's engine; the reply's body is left for the caller to read."""
+    """POSTs agent calls to their session's engine: a non-streamed call's whole reply (`call`), or a
+    streamed call's response with its body left for the caller to read (`send`)."""
 
     def __init__(self, config: ProxyConfig, client: httpx.AsyncClient | None = None):
         # The engine calls skip the client's cookie, auth and redirect handling (an engine needs
@@ -39,6 +40,10 @@ class EngineClient:
         # merging cost more than the rest of the forwarding.
         self._extensions = {"timeout": client.timeout.as_dict()}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, int], str]] = {}
+        """(engine base URL, endpoint) -> ((host, port), path) for the non-streamed path."""
+        self._connect_timeout = client.timeout.connect
+        self._read_timeout = client.timeout.read
         self._plain_upstreams: set[str] = set()
         """Upstream base URLs that refused vLLM's `return_token_ids` (not vLLM): eval calls omit it."""
 
@@ -63,8 +68,16 @@ class EngineClient:
             media_type=JSON,
         )
 
+    async def call(self, call: ModelCall) -> Reply:
+        """POST a non-streamed call and read the engine's whole reply (the eval fallback of `send`)."""
+        return await self._with_fallback(call, self._whole)
+
     async def send(self, call: ModelCall) -> httpx.Response:
-        """POST the rewritten request to the engine; the response body is not read yet.
+        """POST a streamed call; the response body is not read yet."""
+        return await self._with_fallback(call, self._streamed)
+
+    async def _with_fallback(self, call: ModelCall, post):
+        """`post(call)`, again without `return_token_ids` when an eval session's upstream refuses it.
 
         An eval session may point at an OpenAI-compatible API that is not vLLM and refuses
         `return_token_ids`: the call is sent again without it (the turn is then kept without token
@@ -73,19 +86,54 @@ class EngineClient:
         base = call.live.base
         if call.live.purpose == "eval" and base in self._plain_upstreams:
             call.upstream.pop("return_token_ids", None)
-        resp = await self._post(call)
-        if resp.status_code == 400 and call.live.purpose == "eval" and "return_token_ids" in call.upstream:
-            body = await resp.aread()
+        resp = await post(call)
+        if resp.status_code != 400 or call.live.purpose != "eval" or "return_token_ids" not in call.upstream:
+            return resp
+        if isinstance(resp, Reply):
+            content = resp.content
+        else:
+            content = await resp.aread()
             await resp.aclose()
-            if b"return_token_ids" not in body:
-                return httpx.Response(400, content=body, headers=resp.headers)
-            log.warning("upstream %s refuses return_token_ids; eval calls to it go without", base)
-            self._plain_upstreams.add(base)
-            call.upstream.pop("return_token_ids")
-            resp = await self._post(call)
-        return resp
+        if b"return_token_ids" not in content:
+            return (
+                resp
+                if isinstance(resp, Reply)
+                else httpx.Response(400, content=content, headers=resp.headers)
+            )
+        log.warning("upstream %s refuses return_token_ids; eval calls to it go without", base)
+        self._plain_upstreams.add(base)
+        call.upstream.pop("return_token_ids")
+        return await post(call)
 
-    async def _post(self, call: ModelCall) -> httpx.Response:
+    async def _whole(self, call: ModelCall) -> Reply:
+        content = orjson.dumps(call.upstream)
+        target = self._targets.get((call.live.base, call.endpoint))
+        if self.transport is None or (target is None and not call.live.base.startswith("http://")):
+            resp = await self._streamed(call)
+            try:
+                content = await resp.aread()
+            finally:
+                await resp.aclose()
+            return Reply(resp.status_code, resp.headers, content)
+        if target is None:
+            url = httpx.URL(call.live.base + _SAMPLING_ROUTES[call.endpoint])
+            target = self._targets[(call.live.base, call.endpoint)] = (
+                (url.host, url.port or 80),
+                url.raw_path.decode(),
+            )
+        key, path = target
+        head = request_head("POST", key[0], key[1], path, call.live.headers)
+        reply = await self.transport.post(
+            key, head, content, connect_timeout=self._connect_timeout, read_timeout=self._read_timeout
+        )
+        if "content-encoding" in reply.headers:  # compressed (not by vLLM): httpx decodes it
+            decoded = httpx.Response(
+                reply.status_code, headers=reply.headers, stream=httpx.ByteStream(reply.content)
+            )
+            reply.content = await decoded.aread()
+        return reply
+
+    async def _streamed(self, call: ModelCall) -> httpx.Response:
         content = orjson.dumps(call.upstream)
         if self.transport is not None:
             key = (call.live.base, call.endpoint)

@@ -26,11 +26,7 @@ class Forwarder:
 
     async def forward(self, call: ModelCall) -> Response:
         try:
-            resp = await self._engine.send(call)
-            try:
-                await resp.aread()
-            finally:
-                await resp.aclose()
+            resp = await self._engine.call(call)
         except httpx.HTTPError as exc:
             raise await self._recorder.transport_failure(call, exc, None) from exc
         policy_version = self._recorder.policy_version(resp.headers)

@@ -36,9 +36,7 @@ def parse_policy_version(tag: str | None) -> int | None:
 class TurnRecorder:
     """Writes each call's turn (waiting until it is committed) and turns engine failures into errors."""
 
-    def __init__(
-        self, config: ProxyConfig, store: TraceStore, writer: TurnWriter, metrics: ProxyMetrics
-    ):
+    def __init__(self, config: ProxyConfig, store: TraceStore, writer: TurnWriter, metrics: ProxyMetrics):
         self.config = config
         self.store = store
         self.writer = writer
