@@ -2,7 +2,8 @@
 
 Every backend stores the same synthetic agent sessions, whose contexts grow turn by turn as a coding
 agent's do (system prompt, then completion + tool output appended each turn). Writes go through
-AsyncTurnWriter with all sessions writing at once, as the proxy does; JSONL appends one line per turn
+the proxy's turn writer (`turn_writer`: on the event loop for SQLite, a writer thread for
+PostgreSQL) with all sessions writing at once, as the proxy does; JSONL appends one line per turn
 and flushes it (the same crash guarantee as SQLite's WAL with synchronous=NORMAL: a process crash
 loses nothing written, a power cut may lose the last moments). Reads load every session's turns back
 as TrainingTurn objects.
@@ -36,7 +37,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from capture_proxy.models import TrainingTurn, TurnMetadata
-from capture_proxy.store import AsyncTurnWriter, SessionRecord, TraceStore
+from capture_proxy.store import SessionRecord, TraceStore, turn_writer
 from capture_proxy.store.schema import TurnRow
 
 VOCAB = 151_936
@@ -143,7 +144,7 @@ def _session(i: int) -> SessionRecord:
 async def _ingest(store: TraceStore, work: Workload) -> float:
     for i in range(len(work.sessions)):
         store.create_session(_session(i))
-    writer = AsyncTurnWriter(store)
+    writer = turn_writer(store)
 
     async def agent(i: int) -> None:
         for seq, turn in enumerate(work.sessions[i]):
