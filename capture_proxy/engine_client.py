@@ -106,7 +106,6 @@ class EngineClient:
         return await post(call)
 
     async def _whole(self, call: ModelCall) -> Reply:
-        content = orjson.dumps(call.upstream)
         target = self._targets.get((call.live.base, call.endpoint))
         if self.transport is None or (target is None and not call.live.base.startswith("http://")):
             resp = await self._streamed(call)
@@ -124,7 +123,11 @@ class EngineClient:
         key, path = target
         head = request_head("POST", key[0], key[1], path, call.live.headers)
         reply = await self.transport.post(
-            key, head, content, connect_timeout=self._connect_timeout, read_timeout=self._read_timeout
+            key,
+            head,
+            orjson.dumps(call.upstream),
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
         )
         if "content-encoding" in reply.headers:  # compressed (not by vLLM): httpx decodes it
             decoded = httpx.Response(

@@ -7,7 +7,7 @@ reader, no task switch per read. Two ways in:
 
 - `FastHTTPTransport.post()`: a whole non-streamed exchange, returning the status, headers and body.
   The proxy's non-streamed calls take this path: without httpx's request and response objects and
-  stream readers a call cost ~0.2 ms less CPU (bench/proxy_peers.py, 512 prompt ids).
+  stream readers a call cost ~10% less proxy CPU (A/B on one core, 512 prompt ids; BENCHMARKS.md).
 - `FastHTTPTransport` as an httpx transport (timeouts, errors, response streaming), for streamed
   calls: the body is handed on in whatever pieces arrive from the socket, so several SSE events
   travel as one piece.
@@ -83,7 +83,6 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.received = True
         if self.parser is None:  # bytes from an idle connection: it cannot be reused
-            self.lost = True
             self.close()
             return
         try:
