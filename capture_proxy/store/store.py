@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, exists, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy import JSON, Engine, bindparam, exists, insert, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
@@ -37,11 +37,11 @@ _BUMP_NUM_TURNS = (
 )
 
 
-class _TurnSQL:
-    """The turn write path's two statements, compiled once for the engine's dialect and run on the raw
-    DBAPI cursor: an ORM (or even Core) execution costs several times the database's own work for
-    rows this small, and the proxy writes one per model call. Values are bound as the driver takes
-    them; the JSON columns are serialised here (what the engine's JSON type would do)."""
+class _RawSQL:
+    """The proxy's per-call writes (a new session, a call's turns), compiled once for the engine's
+    dialect and run on the raw DBAPI cursor: an ORM (or even Core) execution costs several times the
+    database's own work for rows this small (a session insert: 440 -> ~60 us). Values are bound as
+    the driver takes them; the JSON columns are serialised here (what the engine's JSON type would do)."""
 
     def __init__(self, engine: Engine):
         dialect = engine.dialect
@@ -49,25 +49,33 @@ class _TurnSQL:
         """SQLite: take the write lock up front (the engine's own transactions do the same)."""
         bump = _BUMP_NUM_TURNS.compile(dialect=dialect)
         add = insert(TurnRow.__table__).compile(dialect=dialect)
+        new_session = insert(_sessions).compile(dialect=dialect)
         self.bump, self._bump_order = bump.string, bump.positiontup
         self.insert, self._insert_order = add.string, add.positiontup
+        self.insert_session, self._session_order = new_session.string, new_session.positiontup
+        self._session_json = frozenset(c.key for c in _sessions.columns if isinstance(c.type, JSON))
         self.errors = dialect.loaded_dbapi.Error
         self.integrity = dialect.loaded_dbapi.IntegrityError
 
     def bump_args(self, session_id: str, n: int) -> dict | tuple:
-        args = {"sid": session_id, "n": n}
-        return tuple(args[k] for k in self._bump_order) if self._bump_order else args
+        return self._bound({"sid": session_id, "n": n}, self._bump_order)
 
     def insert_args(self, values: dict[str, Any]) -> dict | tuple:
-        return tuple(values[k] for k in self._insert_order) if self._insert_order else values
+        return self._bound(values, self._insert_order)
+
+    def session_args(self, record: SessionRecord) -> dict | tuple:
+        values = {name: getattr(record, name) for name in _FIELDS}  # field names are column keys
+        for name in self._session_json:
+            values[name] = to_json(values[name])
+        return self._bound(values, self._session_order)
+
+    @staticmethod
+    def _bound(values: dict[str, Any], order: Sequence[str] | None) -> dict | tuple:
+        return tuple(values[k] for k in order) if order else values
 
 
 def record_from_row(row: SessionRow) -> SessionRecord:
     return SessionRecord.model_validate({name: getattr(row, _ROW_ATTR.get(name, name)) for name in _FIELDS})
-
-
-def _row_values(record: SessionRecord) -> dict[str, Any]:
-    return {_ROW_ATTR.get(name, name): getattr(record, name) for name in _FIELDS}
 
 
 def _turn_values(
@@ -183,13 +191,13 @@ class TraceStore:
         self._serial: AbstractContextManager[Any] = (
             threading.RLock() if isinstance(self._engine.pool, StaticPool) else nullcontext()
         )
-        self._sql = _TurnSQL(self._engine)
-        # A SQLite file has one writer at a time anyway: turn writes share one connection, kept for
-        # the store's life, instead of a pool checkout and reset per commit (~45 us a call, measured
-        # in the proxy). Other databases write turns concurrently on pooled connections.
-        self._turn_lock = threading.Lock()
-        self._turn_conn: Any = None
-        self._hold_turn_conn = self._engine.dialect.name == "sqlite" and not isinstance(
+        self._sql = _RawSQL(self._engine)
+        # A SQLite file has one writer at a time anyway: the per-call writes (`_write_raw`) share one
+        # connection, kept for the store's life, instead of a pool checkout and reset per commit
+        # (~45 us a call, measured in the proxy). Other databases write concurrently on pooled ones.
+        self._raw_lock = threading.Lock()
+        self._raw_conn: Any = None
+        self._hold_raw_conn = self._engine.dialect.name == "sqlite" and not isinstance(
             self._engine.pool, StaticPool
         )
         self._read = sessionmaker(self._engine, expire_on_commit=False)
@@ -227,15 +235,15 @@ class TraceStore:
                 f"cannot create session {record.session_id!r} with num_turns={record.num_turns}: "
                 "the store counts turns as they are added"
             )
+        sql = self._sql
         try:
-            with self._transaction(write=True) as s:
-                s.execute(insert(SessionRow), [_row_values(record)])
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                raise StoreError(
-                    f"cannot create session {record.session_id!r}: its id or key hash is already in use"
-                ) from exc.__cause__
-            raise
+            self._write_raw(lambda cursor: cursor.execute(sql.insert_session, sql.session_args(record)))
+        except sql.integrity as exc:
+            raise StoreError(
+                f"cannot create session {record.session_id!r}: its id or key hash is already in use"
+            ) from exc
+        except (sql.errors, SQLAlchemyError) as exc:  # the driver's, or the pool's
+            raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
 
     def get_session(self, session_id: str) -> SessionRecord:
         with self._transaction(write=False) as s:
@@ -354,26 +362,36 @@ class TraceStore:
             self._bases.put(session_id, base)
 
     def _insert_turns(self, per_session: Counter[str], rows: list[dict[str, Any]]) -> None:
-        """One transaction on a raw pooled connection: bump each session's count, insert the rows.
+        """Bump each session's count and insert the rows, in one transaction.
 
         The UPDATEs go in session-id order and lock each session row (PostgreSQL; SQLite holds the
         write lock already), so concurrent writers never deadlock and a session cannot vanish under
         us; an UPDATE that matches no row is an unknown session.
         """
         sql = self._sql
-        with self._serial, self._turn_connection() as conn:
+
+        def work(cursor: Any) -> None:
+            for session_id in sorted(per_session):
+                cursor.execute(sql.bump, sql.bump_args(session_id, per_session[session_id]))
+                if cursor.rowcount != 1:
+                    raise SessionNotFound(session_id)
+            if len(rows) == 1:
+                cursor.execute(sql.insert, sql.insert_args(rows[0]))
+            else:
+                cursor.executemany(sql.insert, [sql.insert_args(row) for row in rows])
+
+        self._write_raw(work)
+
+    def _write_raw(self, work: Callable[[Any], None]) -> None:
+        """`work(cursor)` in one transaction on a raw DBAPI connection (`_raw_connection`); the
+        driver's errors pass through as they are."""
+        sql = self._sql
+        with self._serial, self._raw_connection() as conn:
             try:
                 cursor = conn.cursor()
                 if sql.begin:
                     cursor.execute(sql.begin)
-                for session_id in sorted(per_session):
-                    cursor.execute(sql.bump, sql.bump_args(session_id, per_session[session_id]))
-                    if cursor.rowcount != 1:
-                        raise SessionNotFound(session_id)
-                if len(rows) == 1:
-                    cursor.execute(sql.insert, sql.insert_args(rows[0]))
-                else:
-                    cursor.executemany(sql.insert, [sql.insert_args(row) for row in rows])
+                work(cursor)
                 cursor.close()
                 conn.commit()
             except BaseException:
@@ -384,25 +402,25 @@ class TraceStore:
                 raise
 
     @contextmanager
-    def _turn_connection(self) -> Iterator[Any]:
-        """The raw DBAPI connection a turn transaction runs on: the store's own for a SQLite file
-        (dropped once invalidated), a pooled one otherwise."""
-        if not self._hold_turn_conn:
+    def _raw_connection(self) -> Iterator[Any]:
+        """The raw DBAPI connection `_write_raw` runs on: the store's own for a SQLite file (dropped
+        once invalidated), a pooled one otherwise."""
+        if not self._hold_raw_conn:
             conn = self._engine.raw_connection()
             try:
                 yield conn
             finally:
                 conn.close()
             return
-        with self._turn_lock:
-            if self._turn_conn is None:
-                self._turn_conn = self._engine.raw_connection()
+        with self._raw_lock:
+            if self._raw_conn is None:
+                self._raw_conn = self._engine.raw_connection()
             try:
-                yield self._turn_conn
+                yield self._raw_conn
             finally:
-                if not self._turn_conn.is_valid:
-                    self._turn_conn.close()
-                    self._turn_conn = None
+                if not self._raw_conn.is_valid:
+                    self._raw_conn.close()
+                    self._raw_conn = None
 
     def add_turn(self, session_id: str, seq: int, turn: TrainingTurn) -> None:
         self.add_turns([(session_id, seq, turn)])
@@ -416,8 +434,8 @@ class TraceStore:
             return turns_from_rows(session_id, rows.all())
 
     def close(self) -> None:
-        with self._turn_lock:
-            if self._turn_conn is not None:
-                self._turn_conn.close()
-                self._turn_conn = None
+        with self._raw_lock:
+            if self._raw_conn is not None:
+                self._raw_conn.close()
+                self._raw_conn = None
         self._engine.dispose()
