@@ -83,6 +83,20 @@ def test_bytes_that_are_the_tokens_utf8_are_rebuilt_too():
     assert orjson.dumps(back) == orjson.dumps(reply)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"top_logprobs": []}, {"bytes": [1], "top_logprobs": []}, {"bytes": [1], "top_logprobs": [], "x": 1}],
+    ids=["nothing", "top", "bytes-top", "three"],
+)
+def test_entries_of_one_shape_keep_exactly_what_follows_token_and_logprob(extra):
+    content = [{"token": f"token_id:{t}", "logprob": lp, **extra} for t, lp in zip(COMPLETION, LOGPS, strict=True)]
+    reply = chat_reply(logprobs={"content": content})
+    stored, flags, back = roundtrip(reply)
+    assert Elided.CHAT_LOGPROBS in Elided(flags)
+    assert stored["choices"][0]["logprobs"]["content"] == [extra] * 2
+    assert orjson.dumps(back) == orjson.dumps(reply)
+
+
 def test_a_text_completion_reply_round_trips():
     reply = {"choices": [{"index": 0, "text": "hi", "prompt_token_ids": list(PROMPT), "token_ids": list(COMPLETION),
              "logprobs": {"tokens": ["token_id:8", "token_id:9"], "token_logprobs": list(LOGPS), "top_logprobs": None}}]}  # fmt: skip
