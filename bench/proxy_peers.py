@@ -159,6 +159,45 @@ def serve_harbor(port: int, upstream: str, store_url: str) -> None:
     )
 
 
+def serve_relay(port: int, upstream: str) -> None:
+    """The floor under any Python capture proxy on this stack (the prompt-size runs' `relay`): uvicorn
+    and a bare ASGI app that reads the agent's body, parses it and the engine's reply (as any capture
+    must), and passes the reply on over the engine transport our proxy uses. No session, no capture,
+    no store: what is left of our proxy's CPU above this row is what capturing costs."""
+    import uvicorn
+
+    from capture_proxy.transport import FastHTTPTransport, request_head
+
+    url = httpx.URL(upstream)
+    key = (url.host, url.port or 80)
+    head = request_head("POST", *key, "/v1/chat/completions", {"content-type": "application/json"})
+    transport = FastHTTPTransport()
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        out = b'{"status":"ok"}'
+        if scope["path"] == "/v1/chat/completions":
+            sent = orjson.dumps(orjson.loads(body))
+            reply = await transport.post(key, head, sent, connect_timeout=10, read_timeout=300)
+            orjson.loads(reply.content)
+            out = reply.content
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+    uvicorn.run(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=75
+    )
+
+
 def start_engine(
     port: int, core: int | None, logdir: Path, prompt_ids: int | None = None
 ) -> subprocess.Popen:
@@ -182,6 +221,18 @@ def start_harbor(port: int, engine_url: str, core: int | None, logdir: Path) -> 
             preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
         )  # fmt: skip
     peers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", "our capture proxy", log)
+    return proc
+
+
+def start_relay(port: int, engine_url: str, core: int | None, logdir: Path) -> subprocess.Popen:
+    log = logdir / "relay.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-relay", str(port), engine_url],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
+        )  # fmt: skip
+    peers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", "the bare relay", log)
     return proc
 
 
@@ -432,7 +483,8 @@ PROMPT_SIZES = {512: 2, 16_384: 70}
 SIZE_PLAN = {1: (4, 48), 16: (1, 24), 64: (1, 8)}
 """Agents -> (sessions per agent, turns per session) at each prompt size. One agent runs four sessions
 so that its CPU time spans ~20 clock ticks, not ~5: /proc reports CPU time in 10 ms ticks."""
-SIZE_TARGETS = ("direct", "harbor-rl", "openenv")
+SIZE_TARGETS = ("direct", "relay", "harbor-rl", "openenv")
+"""`relay` (serve_relay) is for the prompt-size runs only, and only when named in --targets."""
 
 
 @dataclass
@@ -501,6 +553,9 @@ def run_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: int
             peers.ensure_installed(peers.OPENENV, install)
             proc = peers.start_openenv(port, engine_url, MODEL, ADMIN_KEY, proxy_core, folder)
             target = Target(name, url, proc.pid, lambda c: _mint(url, {}, c))
+        elif name == "relay":
+            proc = start_relay(port, engine_url, proxy_core, folder)
+            target = Target(name, url, proc.pid, _no_session)
         else:
             raise ValueError(f"the prompt-size runs measure {', '.join(SIZE_TARGETS)}, not {name!r}")
 
@@ -745,7 +800,10 @@ def main() -> None:
         action="store_true",
         help="fewer sessions at 1 and 16 agents (the long session keeps its 2,000 turns)",
     )
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    parser.add_argument(
+        "--targets", nargs="+", default=list(TARGETS), choices=(*TARGETS, "relay"),
+        help="relay: a bare uvicorn relay, the floor under any capture (prompt-size runs only)",
+    )  # fmt: skip
     parser.add_argument("--no-install", action="store_true", help="do not create the peers' venvs")
     parser.add_argument(
         "--long-turns", type=int, default=None, help=f"turns of the long session ({LONG_SESSION_TURNS})"
@@ -757,10 +815,14 @@ def main() -> None:
     parser.add_argument(
         "--serve-harbor", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--serve-relay", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_harbor:
         port, upstream, store = args.serve_harbor
         serve_harbor(int(port), upstream, store)
+        return
+    if args.serve_relay:
+        serve_relay(int(args.serve_relay[0]), args.serve_relay[1])
         return
 
     cores = sorted(os.sched_getaffinity(0))
@@ -791,6 +853,7 @@ def main() -> None:
                 name, engine_url, proxy_core, args.quick, not args.no_install, long_turns, logdir, args.agents
             )
             for name in args.targets
+            if name in TARGETS
         ]
     finally:
         peers.stop(engine)
