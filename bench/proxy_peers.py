@@ -34,7 +34,8 @@ prompt ids to agents sending a 2 KB history, and one reporting 16,384 to agents 
 the agents ask for logprobs and token ids themselves (as a trainer's client does), non-streamed, at
 1, 16 and 64 agents, each agent's history growing by the reply and a tool output per turn. For our
 proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and what
-the request, response and array columns hold.
+the request, response and array columns hold. Naming `relay` in --targets adds the floor under any
+capture there: a bare uvicorn relay that parses and passes on, capturing and storing nothing.
 """
 
 from __future__ import annotations
