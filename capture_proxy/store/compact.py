@@ -165,7 +165,7 @@ def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> tuple[l
     if len(rest) == 2:
         first, second = rest
         return [{first: a, second: b} for a, b in map(itemgetter(first, second), content)], with_bytes
-    return [dict(zip(rest, values)) for values in map(itemgetter(*rest), content)], with_bytes
+    return [dict(zip(rest, values, strict=True)) for values in map(itemgetter(*rest), content)], with_bytes
 
 
 def elide_response(
