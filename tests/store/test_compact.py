@@ -85,11 +85,18 @@ def test_bytes_that_are_the_tokens_utf8_are_rebuilt_too():
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"top_logprobs": []}, {"bytes": [1], "top_logprobs": []}, {"bytes": [1], "top_logprobs": [], "x": 1}],
+    [
+        {},
+        {"top_logprobs": []},
+        {"bytes": [1], "top_logprobs": []},
+        {"bytes": [1], "top_logprobs": [], "x": 1},
+    ],
     ids=["nothing", "top", "bytes-top", "three"],
 )
 def test_entries_of_one_shape_keep_exactly_what_follows_token_and_logprob(extra):
-    content = [{"token": f"token_id:{t}", "logprob": lp, **extra} for t, lp in zip(COMPLETION, LOGPS, strict=True)]
+    content = [
+        {"token": f"token_id:{t}", "logprob": lp, **extra} for t, lp in zip(COMPLETION, LOGPS, strict=True)
+    ]
     reply = chat_reply(logprobs={"content": content})
     stored, flags, back = roundtrip(reply)
     assert Elided.CHAT_LOGPROBS in Elided(flags)
