@@ -8,8 +8,9 @@ store, every turn committed before its reply completes) in its own process pinne
 generator (httpx, async) shares core 1 with the engine, so it costs the direct and the proxied runs
 alike. For 1, 16 and 64 concurrent clients, streaming and not, it reports req/s, p50/p99 latency and
 the proxy process's CPU milliseconds per request (utime + stime from /proc/<pid>/stat, all threads,
-turn writes included), and how much of it went to writing turns (thread CPU time around each store write). Then one 2,000-turn session checks that a turn's cost does not grow with
-the session's length (last tenth within 20% of the first).
+turn writes included), and how much of it went to writing turns (thread CPU time around each store
+write). Then one 2,000-turn session checks that a turn's cost does not grow with the session's
+length (last tenth within 20% of the first).
 """
 
 from __future__ import annotations

@@ -152,20 +152,16 @@ def _chat_residuals(content: Any, ids: list[int], logps: list[float]) -> tuple[l
         and list(map(_BYTES, content)) == [list(t.encode()) for t in tokens]
     )
     skip = 3 if with_bytes else 2
-    if len(shapes) > 1:
-        return [dict(list(entry.items())[skip:]) for entry in content], with_bytes
-    # One shape, the usual case: `top_logprobs` is left, and `bytes` from vLLM, whose entry bytes are
-    # the decoded token's, not its `token_id:N` string's. A literal per count is ~3x dict(zip()).
-    rest = next(iter(shapes))[skip:]
-    if not rest:
-        return [{} for _ in content], with_bytes
+    # One shape is the usual case: `top_logprobs` is left, and with vLLM `bytes` too (its entry bytes
+    # are the decoded token's, not its `token_id:N` string's). A dict literal is ~3x the general path.
+    rest = next(iter(shapes))[skip:] if len(shapes) == 1 else ()
     if len(rest) == 1:
         key = rest[0]
         return [{key: value} for value in map(itemgetter(key), content)], with_bytes
     if len(rest) == 2:
         first, second = rest
         return [{first: a, second: b} for a, b in map(itemgetter(first, second), content)], with_bytes
-    return [dict(zip(rest, values, strict=True)) for values in map(itemgetter(*rest), content)], with_bytes
+    return [dict(list(entry.items())[skip:]) for entry in content], with_bytes
 
 
 def elide_response(

@@ -224,7 +224,11 @@ class TraceStore:
         except SQLAlchemyError as exc:
             if isinstance(getattr(exc, "orig", None), StoreError):  # raised by our JSON serializer
                 raise exc.orig from exc
-            raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: BaseException) -> StoreError:
+        """A database or driver error as the StoreError that names this store."""
+        return StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}")
 
     # Sessions
 
@@ -243,7 +247,7 @@ class TraceStore:
                 f"cannot create session {record.session_id!r}: its id or key hash is already in use"
             ) from exc
         except (sql.errors, SQLAlchemyError) as exc:  # the driver's, or the pool's
-            raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
+            raise self._failed(exc) from exc
 
     def get_session(self, session_id: str) -> SessionRecord:
         with self._transaction(write=False) as s:
@@ -356,7 +360,7 @@ class TraceStore:
                     f"a turn with the same (session, seq) is already stored among: {keys}{more}"
                 ) from exc
             if isinstance(exc, self._sql.errors | SQLAlchemyError):  # the driver's, or the pool's
-                raise StoreError(f"trace store {redact(self.url)}: {type(exc).__name__}: {exc}") from exc
+                raise self._failed(exc) from exc
             raise
         for session_id, base in staged.items():  # committed: later turns may share from these
             self._bases.put(session_id, base)
