@@ -131,8 +131,12 @@ def test_train_help_shows_defaults_and_every_setting():
     assert result.exit_code == 0, result.output
     text = result.output
     assert "Optimizer steps. Default: 100; embedded: 40, coding: 11." in text
-    # The coding path's rate equals the embedded one, so it is not repeated.
-    assert "AdamW learning rate. Default: 1e-06; embedded: 0.0002." in text
+    # Where the coding path's value differs from the embedded one, the help names both.
+    assert "AdamW learning rate. Default: 1e-06; embedded: 0.0001, coding: 0.0002." in text
+    from harbor_rl.commands.train import setting_rows
+
+    embedded = {name: shown for name, _, shown, _ in setting_rows()}
+    assert embedded["max_completion_length"] == "64"  # the same on the coding path: named once
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") >= 5}
     for model in (TrainRun, AsyncGRPOConfig):
         for name, field in model.model_fields.items():
