@@ -87,7 +87,7 @@ class TrainRun(BaseModel):
 EMBEDDED_DEFAULTS: dict[str, Any] = {
     # GRPO: groups of 8, two groups a step, a learning rate for a few-million-parameter model. The
     # warm-up leaves the policy calling the tool in ~1 of 5 rollouts; at 2e-4 a few noisy early updates
-    # could push that to none, where every group scores 0 and nothing is learned again (5 of 10 runs
+    # could push that to none, where every group scores 0 and nothing is learned again (5 of 11 runs
     # collapsed so, at step 6 or 7). 1e-4 walks less far per step and still gains ~0.3 in 40 steps
     # (README). Padded batches, not packs: with sdpa a pack of 16 rollouts pays attention over its whole
     # length squared.
