@@ -124,6 +124,7 @@ def test_old_flags_of_serve_and_tasks_check_still_work(tmp_path):
 
 
 def test_train_help_shows_defaults_and_every_setting():
+    from harbor_rl.commands.train import setting_rows
     from harbor_rl.train_pipeline import TrainRun
     from trainer.config import AsyncGRPOConfig
 
@@ -133,8 +134,6 @@ def test_train_help_shows_defaults_and_every_setting():
     assert "Optimizer steps. Default: 100; embedded: 40, coding: 11." in text
     # Where the coding path's value differs from the embedded one, the help names both.
     assert "AdamW learning rate. Default: 1e-06; embedded: 0.0001, coding: 0.0002." in text
-    from harbor_rl.commands.train import setting_rows
-
     embedded = {name: shown for name, _, shown, _ in setting_rows()}
     assert embedded["max_completion_length"] == "64"  # the same on the coding path: named once
     rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") >= 5}
