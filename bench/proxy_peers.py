@@ -1,8 +1,8 @@
 """Capture proxy vs its peers: the same engine imitation and the same agents, direct and through each proxy.
 
-    python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm] [--no-install]
+    python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm relay] [--no-install]
 
-Targets, one at a time in front of one engine: `direct` (the agents call the engine themselves);
+Targets, one at a time in front of one engine (the prompt-size runs interleave them, below): `direct` (the agents call the engine themselves);
 `harbor-rl` (our capture proxy: uvicorn + the real SQLite trace store, each turn committed before its
 reply completes); `openenv` (OpenEnv's capture proxy); `litellm` (LiteLLM's proxy, `hosted_vllm/`
 model, no database). The peers run from venvs of their own (see bench/peers.py); one that cannot be
@@ -16,7 +16,8 @@ grows each turn by the model's reply and a tool output (so each prompt extends t
 non-streaming and streaming. Capture proxies get the agent's plain body (they add the capture
 parameters); `direct` and `litellm` are sent the parameters themselves (logprobs, token ids), since
 a client of a plain router must ask for them. Reported: req/s, p50/p99 latency and each proxy's CPU
-ms per request (utime + stime of its process tree from /proc/<pid>/stat, over the measured window).
+ms per request (its process tree's threads' run time from /proc/<pid>/task/*/schedstat, in ns, over
+the measured window; /proc/<pid>/stat's 10 ms ticks where the kernel has no schedstat).
 
 What each returns differs, and is part of its cost: our proxy answers the agent what it asked for
 (no ids or logprobs unless asked) and keeps the token-level trace in its store; OpenEnv calls the
@@ -34,8 +35,11 @@ prompt ids to agents sending a 2 KB history, and one reporting 16,384 to agents 
 the agents ask for logprobs and token ids themselves (as a trainer's client does), non-streamed, at
 1, 16 and 64 agents, each agent's history growing by the reply and a tool output per turn. For our
 proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and what
-the request, response and array columns hold. Naming `relay` in --targets adds the floor under any
-capture there: a bare uvicorn relay that parses and passes on, capturing and storing nothing.
+the request, response and array columns hold. These runs also measure `relay`, the floor under any
+capture: a bare uvicorn relay that parses and passes on, capturing and storing nothing. All targets
+of a prompt size run at once (idle ones cost nothing) and take turns level by level, in 3 rounds
+(`--size-rounds`; 1 with --quick), so that a slow phase of a shared machine falls on all of them:
+a level's CPU is its median round's, and CPU ratios are the median of the ratios within a round.
 """
 
 from __future__ import annotations
@@ -103,6 +107,8 @@ class Level:
     wall_s: float = 0.0
     latencies: list[float] = field(default_factory=list)
     cpu_ms: float | None = None
+    cpu_rounds: list[float] = field(default_factory=list)
+    """CPU ms per request of each round, in round order (prompt-size levels measured in rounds)."""
     failed: int = 0
     first_failure: str = ""
 
@@ -120,8 +126,29 @@ def _stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def tree_ticks(pid: int) -> int:
-    """utime + stime of a process, its reaped children and its live descendants, in clock ticks."""
+_SCHEDSTAT = Path("/proc/self/schedstat").exists()
+"""Whether the kernel reports each thread's run time in nanoseconds; /proc/<pid>/stat counts it in clock
+ticks (10 ms), too coarse for one agent's ~100 ms of proxy CPU in a level."""
+
+
+def _process_cpu_ns(pid: int) -> int:
+    """CPU time of a live process: its threads' run time (a thread that exits during a window takes
+    its time with it: the proxies' thread pools keep theirs) plus its reaped children's."""
+    fields = _stat_fields(pid)
+    reaped = (int(fields[13]) + int(fields[14])) * 10**9 // CLK_TCK  # cutime, cstime
+    if not _SCHEDSTAT:
+        return (int(fields[11]) + int(fields[12])) * 10**9 // CLK_TCK + reaped  # utime, stime
+    threads = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            threads += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread has just exited
+            continue
+    return threads + reaped
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU time of a process and its live descendants, in ms."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -138,11 +165,10 @@ def tree_ticks(pid: int) -> int:
     total = 0
     for p in tree:
         try:
-            f = _stat_fields(p)
+            total += _process_cpu_ns(p)
         except OSError:
             continue
-        total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
-    return total
+    return total / 1e6
 
 
 def serve_harbor(port: int, upstream: str, store_url: str) -> None:
@@ -365,13 +391,13 @@ async def timed_turn(
 
 async def run_agents(level: Level, target: Target, agent_loop, agents: int) -> None:
     """`agents` copies of `agent_loop` at once; the level's wall time, requests and target CPU per request."""
-    before = tree_ticks(target.pid) if target.pid else 0
+    before = tree_cpu_ms(target.pid) if target.pid else 0.0
     t0 = time.perf_counter()
     await asyncio.gather(*(agent_loop() for _ in range(agents)))
     level.wall_s = time.perf_counter() - t0
     level.requests = len(level.latencies)
     if target.pid and level.requests:
-        level.cpu_ms = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / level.requests
+        level.cpu_ms = (tree_cpu_ms(target.pid) - before) / level.requests
 
 
 async def long_session(target: Target, turns: int) -> tuple[list[tuple[float, float | None]], int | None]:
@@ -385,7 +411,7 @@ async def long_session(target: Target, turns: int) -> tuple[list[tuple[float, fl
         done = 0
         for _ in range(10):
             lat = []
-            before = tree_ticks(target.pid) if target.pid else 0
+            before = tree_cpu_ms(target.pid) if target.pid else 0.0
             for _ in range(turns // 10):
                 if done and done % TURNS_PER_SESSION == 0:
                     agent.compact()
@@ -394,7 +420,7 @@ async def long_session(target: Target, turns: int) -> tuple[list[tuple[float, fl
                 agent.observe(reply_text(raw, False))
                 lat.append(time.perf_counter() - t0)
                 done += 1
-            cpu = (tree_ticks(target.pid) - before) * 1000 / CLK_TCK / len(lat) if target.pid else None
+            cpu = (tree_cpu_ms(target.pid) - before) / len(lat) if target.pid else None
             out.append((statistics.median(lat) * 1000, cpu))
         return out, await captured_turns(target, session_id, client)
 
@@ -482,10 +508,11 @@ def run_target(name: str, engine_url: str, proxy_core: int | None, quick: bool, 
 PROMPT_SIZES = {512: 2, 16_384: 70}
 """Prompt ids the engine reports -> KB of history the agents send."""
 SIZE_PLAN = {1: (4, 48), 16: (1, 24), 64: (1, 8)}
-"""Agents -> (sessions per agent, turns per session) at each prompt size. One agent runs four sessions
-so that its CPU time spans ~20 clock ticks, not ~5: /proc reports CPU time in 10 ms ticks."""
+"""Agents -> (sessions per agent, turns per session) at each prompt size."""
 SIZE_TARGETS = ("direct", "relay", "harbor-rl", "openenv")
-"""`relay` (serve_relay) is for the prompt-size runs only, and only when named in --targets."""
+"""`relay` (serve_relay) is for the prompt-size runs only."""
+SIZE_ROUNDS = 3
+"""Rounds of each prompt-size level (interleaved_levels); a level's CPU is its median round's."""
 
 
 @dataclass
@@ -535,68 +562,130 @@ def store_stats(db: Path, prompt_ids: int) -> dict:
             "response": response or 0, "arrays": arrays or 0, "metadata": meta or 0}  # fmt: skip
 
 
-def run_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: int | None, install: bool,
-                    logdir: Path) -> SizeOutcome:  # fmt: skip
+def start_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: int | None, install: bool,
+                      logdir: Path) -> tuple[SizeOutcome, Target | None, subprocess.Popen | None]:  # fmt: skip
+    """Start one target for the prompt-size runs: its outcome (noting why, if it could not start), the
+    target, and its process to stop afterwards."""
     outcome = SizeOutcome(prompt_ids, name)
-    history_kb = PROMPT_SIZES[prompt_ids]
-    proc = None
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     folder = logdir / f"prompt-{prompt_ids}-{name}"
     folder.mkdir()
+    proc = None
     try:
         if name == "direct":
-            target = Target(name, engine_url, None, _no_session)
-        elif name == "harbor-rl":
+            return outcome, Target(name, engine_url, None, _no_session), None
+        if name == "harbor-rl":
             proc = start_harbor(port, engine_url, proxy_core, folder)
-            target = Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c))
-        elif name == "openenv":
+            return outcome, Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c)), proc
+        if name == "openenv":
             peers.ensure_installed(peers.OPENENV, install)
             proc = peers.start_openenv(port, engine_url, MODEL, ADMIN_KEY, proxy_core, folder)
-            target = Target(name, url, proc.pid, lambda c: _mint(url, {}, c))
-        elif name == "relay":
+            return outcome, Target(name, url, proc.pid, lambda c: _mint(url, {}, c)), proc
+        if name == "relay":
             proc = start_relay(port, engine_url, proxy_core, folder)
-            target = Target(name, url, proc.pid, _no_session)
-        else:
-            raise ValueError(f"the prompt-size runs measure {', '.join(SIZE_TARGETS)}, not {name!r}")
-
-        async def levels() -> list[Level]:
-            await run_size_level(target, 4, 3, history_kb)  # warm-up
-            out = []
-            for agents, (sessions, turns) in SIZE_PLAN.items():
-                level = await run_size_level(target, agents, turns, history_kb, sessions)
-                cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
-                console.log(f"{name} {prompt_ids} ids, {agents} agents: "
-                            f"{level.requests / level.wall_s:.0f} req/s{cpu}, {level.failed} failed")  # fmt: skip
-                out.append(level)
-            return out
-
-        outcome.levels = asyncio.run(levels())
+            return outcome, Target(name, url, proc.pid, _no_session), proc
+        raise ValueError(f"the prompt-size runs measure {', '.join(SIZE_TARGETS)}, not {name!r}")
     except peers.PeerUnavailable as exc:
         outcome.note = f"not run: {exc}"
     except Exception as exc:  # reported in its row; the others still run
         outcome.note = f"failed: {exc!r}"[:400]
         console.log(f"[red]{name} at {prompt_ids} prompt ids: {outcome.note}")
-    finally:
-        peers.stop(proc)
-    if name == "harbor-rl" and (folder / "traces.db").exists():
-        outcome.store = store_stats(folder / "traces.db", prompt_ids)
-    return outcome
+    peers.stop(proc)
+    return outcome, None, None
+
+
+def merge_rounds(rounds: list[Level]) -> Level:
+    """One level from its rounds: their requests, wall time and latencies pooled; CPU per request the
+    median round's, so one round caught in a slow phase of a shared machine does not decide it."""
+    merged = Level(False, rounds[0].agents)
+    for lv in rounds:
+        merged.requests += lv.requests
+        merged.wall_s += lv.wall_s
+        merged.latencies += lv.latencies
+        merged.failed += lv.failed
+        merged.first_failure = merged.first_failure or lv.first_failure
+    merged.cpu_rounds = [lv.cpu_ms for lv in rounds if lv.cpu_ms is not None]
+    merged.cpu_ms = statistics.median(merged.cpu_rounds) if merged.cpu_rounds else None
+    return merged
+
+
+def cpu_ratio(ours: Level, theirs: Level, floor: Level | None = None) -> float | None:
+    """Our CPU per request over theirs, each less `floor`'s when given. Levels measured in the same
+    rounds give the median of the per-round ratios (each round ran its targets side by side); others
+    the ratio of their CPU."""
+    levels = [ours, theirs, *([floor] if floor else [])]
+    counts = {len(lv.cpu_rounds) for lv in levels}
+    if len(counts) == 1 and 0 not in counts:
+        samples = list(zip(*(lv.cpu_rounds for lv in levels), strict=True))
+    elif all(lv.cpu_ms is not None for lv in levels):
+        samples = [tuple(lv.cpu_ms for lv in levels)]
+    else:
+        return None
+    ratios = []
+    for sample in samples:
+        base = sample[2] if floor else 0.0
+        if sample[1] > base:
+            ratios.append((sample[0] - base) / (sample[1] - base))
+    return statistics.median(ratios) if ratios else None
+
+
+async def interleaved_levels(targets: list[Target], history_kb: int, rounds: int) -> dict[str, list[Level]]:
+    """Every level of SIZE_PLAN, `rounds` times, the targets taking turns (each round starts with the
+    next one): the targets whose CPU the verdict compares are measured minutes, not seconds, apart
+    no more, and the machine's slow phases fall on all of them alike."""
+    for target in targets:
+        await run_size_level(target, 4, 3, history_kb)  # warm-up
+    out: dict[str, list[Level]] = {t.name: [] for t in targets}
+    for agents, (sessions, turns) in SIZE_PLAN.items():
+        per_round: dict[str, list[Level]] = {t.name: [] for t in targets}
+        for r in range(rounds):
+            for target in targets[r % len(targets) :] + targets[: r % len(targets)]:
+                per_round[target.name].append(
+                    await run_size_level(target, agents, turns, history_kb, sessions)
+                )
+        for name, levels in per_round.items():
+            level = merge_rounds(levels)
+            cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
+            console.log(f"{name} {agents} agents: {level.requests / level.wall_s:.0f} req/s{cpu}, "
+                        f"{level.failed} failed ({rounds} rounds)")  # fmt: skip
+            out[name].append(level)
+    return out
 
 
 def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | None, install: bool,
-              logdir: Path) -> list[SizeOutcome]:  # fmt: skip
+              logdir: Path, rounds: int) -> list[SizeOutcome]:  # fmt: skip
     outcomes = []
     for prompt_ids in PROMPT_SIZES:
         port = free_port()
+        engine_url = f"http://127.0.0.1:{port}"
         engine = start_engine(port, engine_core, logdir, prompt_ids)
+        started = [
+            start_size_target(name, prompt_ids, engine_url, proxy_core, install, logdir)
+            for name in SIZE_TARGETS
+            if name in targets
+        ]
         try:
-            for name in (t for t in targets if t in SIZE_TARGETS):
-                outcomes.append(
-                    run_size_target(name, prompt_ids, f"http://127.0.0.1:{port}", proxy_core, install, logdir)
-                )
+            running = [target for _, target, _ in started if target is not None]
+            if running:
+                levels = asyncio.run(interleaved_levels(running, PROMPT_SIZES[prompt_ids], rounds))
+                for outcome, target, _ in started:
+                    if target is not None:
+                        outcome.levels = levels[target.name]
+        except Exception as exc:  # reported in every row of this size; the other size still runs
+            for outcome, target, _ in started:
+                if target is not None:
+                    outcome.note = f"failed: {exc!r}"[:400]
+            console.log(f"[red]{prompt_ids} prompt ids: {exc!r}")
         finally:
+            for _, _, proc in started:
+                peers.stop(proc)
             peers.stop(engine)
+        for outcome, _, _ in started:
+            db = logdir / f"prompt-{prompt_ids}-harbor-rl" / "traces.db"
+            if outcome.name == "harbor-rl" and db.exists():
+                outcome.store = store_stats(db, prompt_ids)
+        outcomes += [outcome for outcome, _, _ in started]
     return outcomes
 
 
@@ -605,16 +694,22 @@ def size_table(outcomes: list[SizeOutcome]) -> Table:
         title="Real turn sizes: agents asking for ids and logprobs, non-streamed, history growing per turn"
     )
     for col in ("prompt ids", "history KB", "agents", "target", "req/s", "vs direct", "p50 ms", "p99 ms",
-                "added p50 ms", "added p99 ms", "CPU ms/req", "CPU vs openenv", "failed", "note"):  # fmt: skip
+                "added p50 ms", "added p99 ms", "CPU ms/req", "CPU vs openenv", "above relay vs openenv",
+                "failed", "note"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("target", "note") else "right")
     find = {(o.prompt_ids, o.name): o for o in outcomes}
     for o in outcomes:
         if not o.levels:
-            table.add_row(str(o.prompt_ids), "", "-", o.name, *[""] * 9, o.note[:160] or "no result")
+            table.add_row(str(o.prompt_ids), "", "-", o.name, *[""] * 10, o.note[:160] or "no result")
             continue
         for lv in o.levels:
             d = _level(find.get((o.prompt_ids, "direct")), lv.agents)
             peer = _level(find.get((o.prompt_ids, "openenv")), lv.agents)
+            relay = _level(find.get((o.prompt_ids, "relay")), lv.agents)
+            vs_peer = cpu_ratio(lv, peer) if peer else None
+            above = (
+                cpu_ratio(lv, peer, relay) if peer and relay and o.name not in ("direct", "relay") else None
+            )
             rate = lv.requests / lv.wall_s
             added = o.name != "direct" and d is not None
             table.add_row(
@@ -624,7 +719,7 @@ def size_table(outcomes: list[SizeOutcome]) -> Table:
                 f"{pct(lv.latencies, 0.5) - pct(d.latencies, 0.5):+.2f}" if added else "",
                 f"{pct(lv.latencies, 0.99) - pct(d.latencies, 0.99):+.2f}" if added else "",
                 f"{lv.cpu_ms:.2f}" if lv.cpu_ms is not None else "-",
-                f"{lv.cpu_ms / peer.cpu_ms:.2f}x" if lv.cpu_ms and peer and peer.cpu_ms else "",
+                f"{vs_peer:.2f}x" if vs_peer is not None else "", f"{above:.2f}x" if above is not None else "",
                 str(lv.failed), lv.first_failure[:80] if lv.failed else "",
             )  # fmt: skip
     return table
@@ -664,14 +759,20 @@ def size_verdict(outcomes: list[SizeOutcome]) -> list[str]:
             lines.append(f"{prompt_ids} ids: harbor-rl not measured")
             continue
         if peer and peer.levels:
-            ratios = [
-                a.cpu_ms / b.cpu_ms
-                for a in ours.levels
-                if (b := _level(peer, a.agents)) and a.cpu_ms and b.cpu_ms
-            ]
+            pairs = [(a, b) for a in ours.levels if (b := _level(peer, a.agents))]
+            ratios = [r for a, b in pairs if (r := cpu_ratio(a, b)) is not None]
             worst = max(ratios) if ratios else float("nan")
             lines.append(f"{prompt_ids} ids: CPU/req vs OpenEnv at most {worst:.2f}x (target <= 0.33): "
                          f"{'yes' if worst <= 1 / 3 else 'NO'}")  # fmt: skip
+            relay = find.get((prompt_ids, "relay"))
+            above = [
+                r
+                for a, b in pairs
+                if (f := _level(relay, a.agents)) and (r := cpu_ratio(a, b, f)) is not None
+            ]
+            if above:
+                lines.append(f"{prompt_ids} ids: CPU/req above the bare relay's vs OpenEnv's above it: at most "
+                             f"{max(above):.2f}x (no target; the relay is the floor under any capture)")  # fmt: skip
         direct = find.get((prompt_ids, "direct"))
         if prompt_ids == 512 and (a := _level(ours, 64)) and (d := _level(direct, 64)):
             ratio = (a.requests / a.wall_s) / (d.requests / d.wall_s)
@@ -802,8 +903,12 @@ def main() -> None:
         help="fewer sessions at 1 and 16 agents (the long session keeps its 2,000 turns)",
     )
     parser.add_argument(
-        "--targets", nargs="+", default=list(TARGETS), choices=(*TARGETS, "relay"),
+        "--targets", nargs="+", default=[*TARGETS, "relay"], choices=(*TARGETS, "relay"),
         help="relay: a bare uvicorn relay, the floor under any capture (prompt-size runs only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--size-rounds", type=int, default=None,
+        help="rounds of each prompt-size level, the targets taking turns (3; 1 with --quick)",
     )  # fmt: skip
     parser.add_argument("--no-install", action="store_true", help="do not create the peers' venvs")
     parser.add_argument(
@@ -837,7 +942,8 @@ def main() -> None:
         if proxy_core is not None
         else "nothing pinned (one core)"
     )
-    sizes = run_sizes(args.targets, proxy_core, engine_core, not args.no_install, logdir)
+    rounds = args.size_rounds or (1 if args.quick else SIZE_ROUNDS)
+    sizes = run_sizes(args.targets, proxy_core, engine_core, not args.no_install, logdir, rounds)
     console.print(size_table(sizes))
     console.print(store_table(sizes))
     for line in size_verdict(sizes):
