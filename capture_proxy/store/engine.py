@@ -4,6 +4,8 @@ anything else as SQLAlchemy makes it."""
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,23 @@ def _prepare_sqlite_dir(path: Path, shown: str) -> None:
         raise StoreError(f"trace store {shown} is not writable: no write permission on {target}")
 
 
+def _enable_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the database file to WAL (a setting the file keeps). Connections opening a new file at
+    the same moment race to switch it, and SQLite answers a loser "database is locked" at once,
+    without waiting in its busy handler (4 threads opening a new store at once on a loaded machine:
+    one of them failed in 1 try of 60). So retry, within the busy timeout, until this connection or the winner has
+    switched it; a later attempt finds it switched and costs nothing."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.005)
+
+
 def _tune_sqlite(engine: Engine, *, in_memory: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -78,15 +97,15 @@ def _tune_sqlite(engine: Engine, *, in_memory: bool) -> None:
         # be made IMMEDIATE.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         if not in_memory:
             # Only takes effect when the file is created (a no-op afterwards): turns are tens of KB,
             # and 16 KiB pages mean fewer overflow pages per row; ingest measured ~1.5x faster.
             cursor.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
             # WAL: readers never block the writer; NORMAL: a commit survives a process crash
             # (not a power cut) without an fsync per commit.
-            cursor.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(cursor)
             cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 
 import pytest
 from alembic import command
@@ -55,6 +57,29 @@ def test_concurrent_first_opens_migrate_once(store_url):
     for thread in threads:
         thread.join()
     assert errors == []
+
+
+def test_opening_a_sqlite_file_another_connection_is_writing_waits_for_it(tmp_path):
+    # SQLite refuses the switch to WAL at once ("database is locked", no busy wait) while another
+    # connection holds the write lock: what a second process opening a store as the first creates
+    # it ran into.
+    path = tmp_path / "traces.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("CREATE TABLE written_first (a)")
+    committer = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    committer.start()
+    started = time.monotonic()
+    store = TraceStore(f"sqlite:///{path}")
+    waited = time.monotonic() - started
+    committer.join()
+    holder.close()
+    store.close()
+    assert waited >= 0.25
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"written_first", "sessions", "turns"} <= tables
 
 
 def test_unknown_revision_is_refused(store_url):
