@@ -2,11 +2,11 @@
 
     python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm relay] [--no-install]
 
-Targets, one at a time in front of one engine (the prompt-size runs interleave them, below): `direct` (the agents call the engine themselves);
-`harbor-rl` (our capture proxy: uvicorn + the real SQLite trace store, each turn committed before its
-reply completes); `openenv` (OpenEnv's capture proxy); `litellm` (LiteLLM's proxy, `hosted_vllm/`
-model, no database). The peers run from venvs of their own (see bench/peers.py); one that cannot be
-installed or started is reported in its row.
+Targets, one at a time in front of one engine (the prompt-size runs below interleave them):
+`direct` (the agents call the engine themselves); `harbor-rl` (our capture proxy: uvicorn + the real
+SQLite trace store, each turn committed before its reply completes); `openenv` (OpenEnv's capture
+proxy); `litellm` (LiteLLM's proxy, `hosted_vllm/` model, no database). The peers run from venvs of
+their own (see bench/peers.py); one that cannot be installed or started is reported in its row.
 
 The engine is `engine.imitation`'s vLLM imitation (64-token completions, logprobs and token ids),
 pinned to the second core with the load generator; each proxy is pinned alone to the first core, so
@@ -632,8 +632,8 @@ def cpu_ratio(ours: Level, theirs: Level, floor: Level | None = None) -> float |
 
 async def interleaved_levels(targets: list[Target], history_kb: int, rounds: int) -> dict[str, list[Level]]:
     """Every level of SIZE_PLAN, `rounds` times, the targets taking turns (each round starts with the
-    next one): the targets whose CPU the verdict compares are measured minutes, not seconds, apart
-    no more, and the machine's slow phases fall on all of them alike."""
+    next one): the CPU the verdict compares is measured seconds apart, not a minute apart, so the
+    machine's slow phases fall on every target alike."""
     for target in targets:
         await run_size_level(target, 4, 3, history_kb)  # warm-up
     out: dict[str, list[Level]] = {t.name: [] for t in targets}
