@@ -12,12 +12,9 @@ import pytest
 from bench.proxy_peers import Level, cpu_ratio, merge_rounds, tree_cpu_ms
 
 
-def _level(cpu_rounds: list[float], requests: int = 10) -> Level:
-    levels = []
-    for cpu in cpu_rounds:
-        lv = Level(False, 16, requests=requests, wall_s=1.0, latencies=[0.01] * requests, cpu_ms=cpu)
-        levels.append(lv)
-    return merge_rounds(levels)
+def _level(cpu_rounds: list[float]) -> Level:
+    """A 16-agent level measured in one round per CPU reading given."""
+    return merge_rounds([Level(False, 16, requests=10, wall_s=1.0, cpu_ms=cpu) for cpu in cpu_rounds])
 
 
 def test_rounds_pool_their_requests_and_take_the_median_rounds_cpu() -> None:
