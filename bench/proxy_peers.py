@@ -681,8 +681,8 @@ def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | Non
             for _, _, proc in started:
                 peers.stop(proc)
             peers.stop(engine)
+        db = logdir / f"prompt-{prompt_ids}-harbor-rl" / "traces.db"
         for outcome, _, _ in started:
-            db = logdir / f"prompt-{prompt_ids}-harbor-rl" / "traces.db"
             if outcome.name == "harbor-rl" and db.exists():
                 outcome.store = store_stats(db, prompt_ids)
         outcomes += [outcome for outcome, _, _ in started]
@@ -923,6 +923,8 @@ def main() -> None:
     )
     parser.add_argument("--serve-relay", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.size_rounds is not None and args.size_rounds < 1:
+        parser.error(f"--size-rounds must be at least 1, got {args.size_rounds}")
     if args.serve_harbor:
         port, upstream, store = args.serve_harbor
         serve_harbor(int(port), upstream, store)
