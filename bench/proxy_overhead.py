@@ -7,8 +7,8 @@ logprobs and token ids), in its own process pinned to core 1; the proxy (uvicorn
 store, every turn committed before its reply completes) in its own process pinned to core 0; the load
 generator (httpx, async) shares core 1 with the engine, so it costs the direct and the proxied runs
 alike. For 1, 16 and 64 concurrent clients, streaming and not, it reports req/s, p50/p99 latency and
-the proxy process's CPU milliseconds per request (utime + stime from /proc/<pid>/stat, all threads,
-turn writes included), and how much of it went to writing turns (thread CPU time around each store
+the proxy process's CPU milliseconds per request (all its threads' run time, bench/_cpu.py, turn
+writes included), and how much of it went to writing turns (thread CPU time around each store
 write). Then one 2,000-turn session checks that a turn's cost does not grow with the session's
 length (last tenth within 20% of the first).
 """
@@ -35,10 +35,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._cpu import process_cpu_ms  # noqa: E402
+
 MODEL = "imitation-model"
 ADMIN_KEY = "bench-admin-key-0123456789"
 PROMPT_TOKENS, COMPLETION_TOKENS = 512, 64
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGET_CPU_MS, TARGET_ADDED_P50_MS = 1.5, 1.5
 MESSAGES = [
     {
@@ -60,11 +61,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process (all its threads), in clock ticks."""
-    return _ticks(Path(f"/proc/{pid}/stat"))
-
-
 FAILURES: list[str] = []
 """Calls that failed (connection errors, non-200), reported after the tables."""
 
@@ -72,11 +68,6 @@ FAILURES: list[str] = []
 def store_cpu_ms(proxy_url: str) -> float:
     """CPU milliseconds the proxy has spent writing turns so far (`serve_proxy`'s TimedStore)."""
     return float(httpx.get(f"{proxy_url}/bench/store-cpu-ms", timeout=10).text)
-
-
-def _ticks(stat: Path) -> int:
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def pinned(core: int | None):
@@ -201,9 +192,9 @@ async def overhead(engine_url: str, proxy_url: str, proxy_pid: int, quick: bool)
             key = new_session(proxy_url)
             await load(f"{proxy_url}/v1/chat/completions", key, body, stream, concurrency, warm)
             store_before = store_cpu_ms(proxy_url)  # read outside the CPU window
-            before = cpu_ticks(proxy_pid)
+            before = process_cpu_ms(proxy_pid)
             wall, lat = await load(f"{proxy_url}/v1/chat/completions", key, body, stream, concurrency, n)
-            cpu_ms = (cpu_ticks(proxy_pid) - before) * 1000 / CLK_TCK / n
+            cpu_ms = (process_cpu_ms(proxy_pid) - before) / n
             row["store_ms"] = (store_cpu_ms(proxy_url) - store_before) / n
             row["proxy"] = (n / wall, pct(lat, 0.5), pct(lat, 0.99))
             row["cpu_ms"] = cpu_ms
@@ -226,15 +217,13 @@ async def long_session(proxy_url: str, proxy_pid: int, turns: int) -> list[tuple
     async with httpx.AsyncClient(timeout=120) as client:
         for _ in range(10):
             lat = []
-            before = cpu_ticks(proxy_pid)
+            before = process_cpu_ms(proxy_pid)
             for _ in range(tenth):
                 t0 = time.perf_counter()
                 r = await client.post(f"{proxy_url}/v1/chat/completions", content=body, headers=headers)
                 r.raise_for_status()
                 lat.append(time.perf_counter() - t0)
-            out.append(
-                (statistics.median(lat) * 1000, (cpu_ticks(proxy_pid) - before) * 1000 / CLK_TCK / tenth)
-            )
+            out.append((statistics.median(lat) * 1000, (process_cpu_ms(proxy_pid) - before) / tenth))
     return out
 
 

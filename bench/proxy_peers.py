@@ -16,8 +16,7 @@ grows each turn by the model's reply and a tool output (so each prompt extends t
 non-streaming and streaming. Capture proxies get the agent's plain body (they add the capture
 parameters); `direct` and `litellm` are sent the parameters themselves (logprobs, token ids), since
 a client of a plain router must ask for them. Reported: req/s, p50/p99 latency and each proxy's CPU
-ms per request (its process tree's threads' run time from /proc/<pid>/task/*/schedstat, in ns, over
-the measured window; /proc/<pid>/stat's 10 ms ticks where the kernel has no schedstat).
+ms per request (its process tree's threads' run time over the measured window, bench/_cpu.py).
 
 What each returns differs, and is part of its cost: our proxy answers the agent what it asked for
 (no ids or logprobs unless asked) and keeps the token-level trace in its store; OpenEnv calls the
@@ -68,6 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers  # noqa: E402  (bench/peers.py, a sibling: this file runs as a script)
 
+from bench._cpu import tree_cpu_ms  # noqa: E402
+
 MODEL = "imitation-model"
 ADMIN_KEY = "bench-admin-key-0123456789"
 COMPLETION_TOKENS = 64
@@ -76,7 +77,6 @@ LONG_SESSION_TURNS = 2000
 TARGETS = ("direct", "harbor-rl", "openenv", "litellm")
 CAPTURE_PARAMS = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 """What a client must ask an engine (or a plain router) for to train on the reply."""
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SYSTEM = "You are a coding agent. Use the bash tool to inspect and fix the repository."
 TASK = "The test suite fails in tests/test_parser.py; find the bug and fix it. Run pytest when done."
 TOOL_OUTPUT = (
@@ -120,55 +120,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _stat_fields(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-_SCHEDSTAT = Path("/proc/self/schedstat").exists()
-"""Whether the kernel reports each thread's run time in nanoseconds; /proc/<pid>/stat counts it in clock
-ticks (10 ms), too coarse for one agent's ~100 ms of proxy CPU in a level."""
-
-
-def _process_cpu_ns(pid: int) -> int:
-    """CPU time of a live process: its threads' run time (a thread that exits during a window takes
-    its time with it: the proxies' thread pools keep theirs) plus its reaped children's."""
-    fields = _stat_fields(pid)
-    reaped = (int(fields[13]) + int(fields[14])) * 10**9 // CLK_TCK  # cutime, cstime
-    if not _SCHEDSTAT:
-        return (int(fields[11]) + int(fields[12])) * 10**9 // CLK_TCK + reaped  # utime, stime
-    threads = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            threads += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):  # the thread has just exited
-            continue
-    return threads + reaped
-
-
-def tree_cpu_ms(pid: int) -> float:
-    """CPU time of a process and its live descendants, in ms."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
-        tree.update(children)
-        frontier.extend(children)
-    total = 0
-    for p in tree:
-        try:
-            total += _process_cpu_ns(p)
-        except OSError:
-            continue
-    return total / 1e6
 
 
 def serve_harbor(port: int, upstream: str, store_url: str) -> None:

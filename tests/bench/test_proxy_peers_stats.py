@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.proxy_peers import Level, cpu_ratio, merge_rounds, tree_cpu_ms
+from bench._cpu import tree_cpu_ms
+from bench.proxy_peers import Level, cpu_ratio, merge_rounds
 
 
 def _level(cpu_rounds: list[float]) -> Level:
