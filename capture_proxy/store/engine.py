@@ -77,8 +77,8 @@ def _enable_wal(cursor: sqlite3.Cursor) -> None:
     """Switch the database file to WAL (a setting the file keeps). Connections opening a new file at
     the same moment race to switch it, and SQLite answers a loser "database is locked" at once,
     without waiting in its busy handler (4 threads opening a new store at once on a loaded machine:
-    one of them failed in 1 try of 60). So retry, within the busy timeout, until this connection or the winner has
-    switched it; a later attempt finds it switched and costs nothing."""
+    one of them failed in 1 try of 60). So retry, within the busy timeout, until this connection or
+    the winner has switched it; a later attempt finds it switched and costs nothing."""
     deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
     while True:
         try:
