@@ -37,16 +37,25 @@ class SandboxSpec(BaseModel):
     """Unique per rollout; used for container names, labels and work folders."""
     environment_dir: Path | None = None
     """The task's `environment/` folder (Dockerfile + build context)."""
+    compose_file: Path | None = None
+    """The task's `environment/docker-compose.yaml`: the sandbox is its `main` service, run with the
+    task's other services under Docker Compose (docker only)."""
     docker_image: str | None = None
     """A prebuilt image to use instead of building `environment_dir`."""
-    workdir: str = "/app"
+    workdir: str | None = None
+    """Where commands run and relative paths start; None: the image's WORKDIR. A started sandbox's
+    `spec.workdir` is always resolved."""
     cpus: float = 1.0
     memory_mb: int = 2048
     storage_mb: int = 10240
     pids_limit: int = 512
     """Most processes the sandbox may run at once (contains fork bombs)."""
+    gpus: int = 0
+    """GPUs to attach (docker only; other backends refuse a spec that asks for any)."""
     network_mode: NetworkMode = "no-network"
-    """public: anything; no-network: only the capture proxy; allowlist: the proxy plus `allowed_hosts`."""
+    """What the sandbox starts with, the widest any phase of the run needs (`apply_network` narrows
+    it per phase). public: anything but the host and private ranges; no-network: only the capture
+    proxy; allowlist: the proxy plus `allowed_hosts`."""
     allowed_hosts: list[str] = Field(default_factory=list)
     proxy_port: int | None = None
     """Host port of the capture proxy, the one address every sandbox may reach."""
@@ -101,6 +110,12 @@ class Sandbox(Protocol):
     async def download_file(self, remote_path: str) -> bytes: ...
 
     async def download_dir(self, remote_dir: str, local_dir: Path) -> None: ...
+
+    async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
+        """From now on, let the sandbox reach only what `mode` allows (a phase's policy: the agent's,
+        the verifier's). It may narrow what the sandbox started with, never widen it; the capture
+        proxy stays reachable. Raises UnsupportedEnvironment when the backend cannot apply it."""
+        ...
 
     async def stop(self) -> None: ...
 

@@ -122,6 +122,8 @@ class DockerBackend:
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         client = await _blocking(self._connect)
         image = await _blocking(self.builder.image_for, spec)
+        if spec.workdir is None:  # the image's own WORKDIR, as Harbor runs it
+            spec = spec.model_copy(update={"workdir": await _blocking(_image_workdir, client, image)})
         allowed = (
             await _blocking(_resolve_hosts, spec.allowed_hosts) if spec.network_mode == "allowlist" else {}
         )
@@ -840,6 +842,11 @@ def _belongs_to(host_pid: int, container_id: str) -> bool:
         return container_id in Path(f"/proc/{host_pid}/cgroup").read_text()
     except OSError:
         return False
+
+
+def _image_workdir(client: Any, image: str) -> str:
+    config = client.images.get(image).attrs.get("Config") or {}
+    return config.get("WorkingDir") or "/"
 
 
 def _container_ip(container: Any, network_name: str) -> str:

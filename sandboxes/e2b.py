@@ -30,7 +30,13 @@ from urllib.parse import urlsplit
 
 from sandboxes.base import ExecResult, SandboxSpec
 from sandboxes.dockerfile import parse_dockerfile
-from sandboxes.errors import SandboxBuildError, SandboxError, SandboxPathError, SandboxUnavailable
+from sandboxes.errors import (
+    SandboxBuildError,
+    SandboxError,
+    SandboxPathError,
+    SandboxUnavailable,
+    UnsupportedEnvironment,
+)
 from sandboxes.images import context_hash
 
 log = logging.getLogger(__name__)
@@ -85,6 +91,12 @@ class E2BBackend:
 
     async def start(self, spec: SandboxSpec) -> E2BSandbox:
         self._require_key()
+        if spec.gpus:
+            raise UnsupportedEnvironment(
+                f"E2B sandboxes have no GPUs (the task asks for gpus = {spec.gpus}); use --sandbox docker"
+            )
+        if spec.workdir is None:  # a prebuilt image's WORKDIR is not known before the template builds
+            spec = spec.model_copy(update={"workdir": "/"})
         template = await self.template_for(spec)
         timeout = self.sandbox_timeout(spec)
         kwargs: dict[str, Any] = {

@@ -86,6 +86,10 @@ def default_layer_cache(root: Path | str | None) -> Path:
     return Path(cache) / "local-layers"
 
 
+LOCAL_DEFAULT_WORKDIR = "/app"
+"""Where a local sandbox starts when neither the task nor its Dockerfile names a WORKDIR."""
+
+
 class LocalBackend:
     """Sandboxes that are folders on this machine plus bwrap namespaces."""
 
@@ -117,6 +121,12 @@ class LocalBackend:
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        if spec.gpus:
+            raise UnsupportedEnvironment(
+                f"the local sandbox cannot attach GPUs (gpus = {spec.gpus}); {_SUGGEST_DOCKER}"
+            )
+        if spec.workdir is None:  # no WORKDIR anywhere: a local sandbox has no image to ask
+            spec = spec.model_copy(update={"workdir": LOCAL_DEFAULT_WORKDIR})
         use_bwrap = await self._use_bwrap()
         folder = self.root / f"{_safe_name(spec.name)}-{uuid.uuid4().hex[:8]}"
         network = self._network_for(spec, use_bwrap)

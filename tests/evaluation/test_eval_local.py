@@ -66,7 +66,7 @@ def _task_without_reward(root: Path) -> Path:
     shutil.copytree(BUILTIN_DIR / "fix-pagination", task)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 'verifier broke before scoring' >&2\nexit 0\n")
     toml = task / "task.toml"
-    toml.write_text(toml.read_text().replace('name = "fix-pagination"', 'name = "no-reward"'))
+    toml.write_text(toml.read_text().replace('name = "harbor-rl/fix-pagination"', 'name = "harbor-rl/no-reward"'))
     return task.parent
 
 

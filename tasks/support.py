@@ -1,0 +1,70 @@
+"""Which of Harbor's task fields a run can honour: refused in one place, with one line each.
+
+Every field of Harbor's schema (tasks.models) is either acted on by the run (the rollout runner, the
+sandbox backends, the harnesses, the verifier) or refused here before a sandbox starts. `refusals`
+gives the reasons a task cannot run on a backend; `warnings` what runs, but not as the task declares
+it (printed by `harbor tasks check`). The README's "Harbor tasks" table lists both.
+"""
+
+from __future__ import annotations
+
+from tasks.errors import UnsupportedTaskFeature
+from tasks.loader import Task
+from tasks.network import AgentNetwork, sandbox_network
+
+COMPOSE_BACKENDS = frozenset({"docker"})
+GPU_BACKENDS = frozenset({"docker"})
+
+
+def refusals(task: Task, backend: str) -> list[str]:
+    """Why `task` cannot run on `backend` (empty: it can), each one line naming the field."""
+    config, env = task.config, task.config.environment
+    found: list[str] = []
+    if env.os == "windows":
+        found.append("[environment] os = 'windows': Windows containers are not supported here")
+    if env.tpu is not None:
+        found.append("[environment] tpu: TPUs are not supported here")
+    if env.gpu_types:
+        found.append("[environment] gpu_types: choosing a GPU type is not supported here; remove it to take any GPU")
+    if env.gpus and backend not in GPU_BACKENDS:
+        found.append(f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker")
+    if task.paths.compose_file is not None and backend not in COMPOSE_BACKENDS:
+        found.append(
+            f"environment/{task.paths.compose_file.name}: the {backend} sandbox cannot run Docker Compose "
+            "environments; use --sandbox docker"
+        )
+    sections = [("[verifier]", config.verifier)] + [
+        (f"[[steps]] {step.name} verifier", step.config.verifier) for step in task.steps
+    ]
+    for where, verifier in sections:
+        if verifier.mode() == "separate":
+            found.append(f"{where} environment: a separate verifier container is not supported; verify in the agent's sandbox")
+        if verifier.collect:
+            found.append(f"{where} collect: collect hooks are not supported")
+    if task.paths.prior_trajectory.is_file() or any((s.root / "trajectory.json").is_file() for s in task.steps):
+        found.append("trajectory.json: seeding an agent with prior context is not supported")
+    return found
+
+
+def check_supported(task: Task, backend: str) -> None:
+    """Raise UnsupportedTaskFeature with the first refusal (and how many more there are)."""
+    found = refusals(task, backend)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UnsupportedTaskFeature(f"task {task.id}: {found[0]}{more}")
+
+
+def warnings(task: Task, backend: str, *, agent_network: AgentNetwork = "task") -> list[str]:
+    """What runs on `backend`, but not quite as the task declares it."""
+    found: list[str] = []
+    network = sandbox_network(task.config, agent_network=agent_network)
+    if backend == "local" and network.network_mode == "public":
+        found.append(
+            "network public: a local sandbox shares the host's network (its services are reachable); "
+            "--sandbox docker isolates it"
+        )
+    if backend == "local" and network.network_mode == "allowlist":
+        found.append("network allowlist: a local sandbox cannot filter by host, so the task is refused there")
+    if backend == "e2b" and network.network_mode == "no-network":
+        found.append("network no-network: an E2B sandbox still reaches the capture proxy's public URL only")
+    return found
