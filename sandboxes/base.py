@@ -135,3 +135,23 @@ class SandboxBackend(Protocol):
     async def sweep(self) -> int:
         """Remove sandboxes left behind by a crashed process; returns how many were removed."""
         ...
+
+
+class _DefaultUser:
+    """A sandbox whose commands run as `user` unless they name one (see `with_default_user`)."""
+
+    def __init__(self, sandbox: Sandbox, user: str) -> None:
+        self._sandbox = sandbox
+        self._user = user
+
+    async def exec(self, command: str | list[str], *, user: str | None = None, **kwargs) -> ExecResult:
+        return await self._sandbox.exec(command, user=user or self._user, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sandbox, name)
+
+
+def with_default_user(sandbox: Sandbox, user: str | None) -> Sandbox:
+    """`sandbox`, with commands that name no user run as `user` (a task's `[agent] user`, Harbor's
+    `with_default_user`); `sandbox` itself when `user` is None (the image's USER)."""
+    return sandbox if user is None else _DefaultUser(sandbox, user)  # type: ignore[return-value]
