@@ -3,7 +3,7 @@
 Containers are labelled (`harbor-rl.sandbox=1`, `harbor-rl.owner=<pid>@<host>`), limited (CPU, memory
 without swap, pids), kept alive by `sleep infinity` under docker-init (the image's ENTRYPOINT is kept and
 receives it as its command, as Harbor does), and removed on stop; `sweep()` removes the ones whose owning
-process is gone.
+process is gone. A task with a `docker-compose.yaml` runs under Docker Compose (`sandboxes/compose.py`).
 
 Network: every sandbox sits on a harbor-rl bridge network (one per network mode, inter-container
 traffic off; a compose project has bridges of its own), and the firewall (`sandboxes/firewall.py`:
@@ -127,6 +127,10 @@ class DockerBackend:
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.compose_file is not None:
+            from sandboxes.compose import start_compose
+
+            return await start_compose(self, spec)
         client = await _blocking(self._connect)
         image = await _blocking(self.builder.image_for, spec)
         if spec.workdir is None:  # the image's own WORKDIR, as Harbor runs it
@@ -294,10 +298,12 @@ class DockerBackend:
         return self._quota
 
     def _sweep(self) -> int:
+        from sandboxes.compose import PROJECT_LABEL, sweep_projects
+
         client = self._connect()
-        removed = 0
+        removed = sweep_projects(self)
         for container in client.containers.list(all=True, filters={"label": f"{SANDBOX_LABEL}=1"}):
-            if owner_alive(container.labels.get(OWNER_LABEL, "")):
+            if PROJECT_LABEL in container.labels or owner_alive(container.labels.get(OWNER_LABEL, "")):
                 continue
             with contextlib.suppress(Exception):
                 container.remove(force=True)
@@ -307,6 +313,7 @@ class DockerBackend:
             # Rules first: a sandbox's rules are added after its container (or project network) exists.
             keys = firewall.keys_in_rules()
             alive = {c.name for c in client.containers.list(all=True)}
+            alive |= {(n.attrs.get("Labels") or {}).get(PROJECT_LABEL) for n in client.networks.list()}
             if keys - alive:
                 with self._setup_lock:
                     firewall.remove_where(lambda comment: firewall.key_of(comment) in keys - alive)
@@ -418,6 +425,14 @@ class DockerBackend:
         with self._setup_lock:
             firewall.uninstall()
         return True
+
+    async def _close_forwarders_for(self, network: _Network) -> None:
+        """Stop forwarding on a network that is going away (a compose project's)."""
+        async with self._forwarder_lock:
+            for key, (made_for, server) in list(self._forwarders.items()):
+                if made_for.id == network.id:
+                    server.close()
+                    del self._forwarders[key]
 
     async def _ensure_forwarder(self, network: _Network, port: int) -> None:
         """Make gateway:port reach the proxy: nothing to do when something already listens there."""
