@@ -10,6 +10,7 @@ UV_VERSION="${HARBOR_STAND_IN_UV_VERSION:-0.9.7}"  # the version Harbor's templa
 CACHE_DIR="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}"
 HOST_CA="${HARBOR_STAND_IN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 LABEL="harbor-rl.stand-in"
+IMAGES="${HARBOR_STAND_IN_IMAGES:-images.txt}"  # the list of names (tests use their own)
 
 case "$(uname -m)" in
   x86_64) platform=manylinux_2_17_x86_64 ;;
@@ -20,27 +21,26 @@ esac
 work="$(mktemp -d "${TMPDIR:-/tmp}/harbor-rl-stand-ins.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
-# uv and uvx from the PyPI wheel (astral.sh, where Harbor's test.sh fetches them, may be unreachable).
-mkdir -p "$CACHE_DIR/uv-$UV_VERSION"
-if ! ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl >/dev/null 2>&1; then
-  python3 -m pip download -q --no-deps --only-binary=:all: --platform "$platform" --python-version 3.11 \
-    -d "$CACHE_DIR/uv-$UV_VERSION" "uv==$UV_VERSION" 2>&1 | grep -v -e "is ignored: it is neither" >&2 || true
-fi
-wheel="$(ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl | head -1)"
-python3 - "$wheel" "$work" <<'PY'
+uv_binaries() {  # uv and uvx from the PyPI wheel, once (astral.sh, where Harbor's test.sh gets them, may be unreachable)
+  [ -x "$work/bin/uvx" ] && return
+  mkdir -p "$CACHE_DIR/uv-$UV_VERSION" "$work/bin"
+  if ! ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl >/dev/null 2>&1; then
+    python3 -m pip download -q --no-deps --only-binary=:all: --platform "$platform" --python-version 3.11 \
+      -d "$CACHE_DIR/uv-$UV_VERSION" "uv==$UV_VERSION" 2>&1 | grep -v -e "is ignored: it is neither" >&2 || true
+  fi
+  python3 - "$(ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl | head -1)" "$work/bin" <<'PY'
 import sys, zipfile, pathlib
-wheel, out = sys.argv[1], pathlib.Path(sys.argv[2])
-with zipfile.ZipFile(wheel) as z:
+with zipfile.ZipFile(sys.argv[1]) as z:
     for name in z.namelist():
         if name.endswith(("/scripts/uv", "/scripts/uvx")):
-            target = out / "bin" / name.rsplit("/", 1)[1]
-            target.parent.mkdir(exist_ok=True)
+            target = pathlib.Path(sys.argv[2]) / name.rsplit("/", 1)[1]
             target.write_bytes(z.read(name))
             target.chmod(0o755)
 PY
+}
 
 # The base images the stand-ins start from (debootstrapped, cached; see docker/sandbox-base).
-variants="$(awk '!/^#/ && NF {print $2}' images.txt | sort -u)"
+variants="$(awk '!/^#/ && NF {print $2}' "$IMAGES" | sort -u)"
 for suite in $variants; do
   [ "$suite" = uv ] && continue
   docker image inspect "harbor-rl/sandbox-base:$suite" >/dev/null 2>&1 || \
@@ -48,18 +48,24 @@ for suite in $variants; do
       bash ../sandbox-base/build.sh >/dev/null
 done
 
-# One stand-in image per variant, tagged by a hash of everything that goes into it.
+# One stand-in image per variant, tagged by a hash of what goes into it; built only when missing.
 build_variant() {  # $1 variant; prints the image reference
-  local variant="$1" context="$work/$1" dockerfile base hash
-  mkdir -p "$context/ca"
-  cp "$work/bin/uv" "$work/bin/uvx" "$context/"
-  if [ "$variant" = uv ]; then
-    dockerfile=Dockerfile.uv base=scratch
-  else
-    dockerfile=Dockerfile base="harbor-rl/sandbox-base:$variant"
-    # The host's CAs that the base image does not already trust.
-    docker run --rm --network none "$base" cat /etc/ssl/certs/ca-certificates.crt >"$work/base-ca.pem"
-    python3 - "$HOST_CA" "$work/base-ca.pem" "$context/ca" <<'PY'
+  local variant="$1" context="$work/$1" dockerfile=Dockerfile base hash ref
+  [ "$variant" = uv ] && dockerfile=Dockerfile.uv
+  base="harbor-rl/sandbox-base:$variant"
+  [ "$variant" = uv ] && base=scratch
+  hash="$( (cat "$dockerfile"; echo "$UV_VERSION $platform"; docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
+            cat "$HOST_CA" 2>/dev/null || true) | sha256sum | cut -c1-12)"
+  ref="harbor-rl/stand-in:$variant-$hash"
+  if ! docker image inspect "$ref" >/dev/null 2>&1; then
+    uv_binaries
+    mkdir -p "$context/ca"
+    cp "$work/bin/uv" "$work/bin/uvx" "$dockerfile" "$context/"
+    [ "$dockerfile" = Dockerfile ] || mv "$context/$dockerfile" "$context/Dockerfile"
+    if [ "$variant" != uv ]; then
+      # The host's CAs that the base image does not already trust.
+      docker run --rm --network none "$base" cat /etc/ssl/certs/ca-certificates.crt >"$work/base-ca.pem"
+      python3 - "$HOST_CA" "$work/base-ca.pem" "$context/ca" <<'PY'
 import re, sys, pathlib
 def certs(path):
     text = pathlib.Path(path).read_text() if pathlib.Path(path).is_file() else ""
@@ -68,12 +74,7 @@ known = set(certs(sys.argv[2]))
 for i, cert in enumerate(c for c in certs(sys.argv[1]) if c not in known):
     (pathlib.Path(sys.argv[3]) / f"host-extra-{i}.crt").write_text(cert + "\n")
 PY
-  fi
-  cp "$dockerfile" "$context/Dockerfile"
-  hash="$( (cat "$dockerfile"; docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
-            cd "$context" && find . -type f | sort | xargs sha256sum) | sha256sum | cut -c1-12)"
-  local ref="harbor-rl/stand-in:$variant-$hash"
-  if ! docker image inspect "$ref" >/dev/null 2>&1; then
+    fi
     docker build -q --build-arg "BASE=$base" --label "$LABEL=$variant" -t "$ref" "$context" \
       >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
   fi
@@ -97,4 +98,4 @@ while read -r name variant _; do
     docker tag "$ref" "$name"
     echo "stand-ins: tagged $name -> $ref"
   fi
-done <images.txt
+done <"$IMAGES"
