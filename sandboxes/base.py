@@ -113,8 +113,9 @@ class Sandbox(Protocol):
 
     async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
         """From now on, let the sandbox reach only what `mode` allows (a phase's policy: the agent's,
-        the verifier's). It may narrow what the sandbox started with, never widen it; the capture
-        proxy stays reachable. Raises UnsupportedEnvironment when the backend cannot apply it."""
+        the verifier's); the start policy again restores it. It may narrow what the sandbox started
+        with, never widen it (SandboxError); the capture proxy stays reachable. Raises
+        UnsupportedEnvironment when the backend cannot apply the mode (local: an allow-list)."""
         ...
 
     async def stop(self) -> None: ...

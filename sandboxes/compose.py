@@ -144,17 +144,8 @@ class ComposeSandbox(DockerSandbox):
     """The project's `main` container, with DockerSandbox's exec and files; its rules and its removal
     are the project's."""
 
-    def __init__(
-        self,
-        spec: SandboxSpec,
-        container: Any,
-        network: _Network,
-        *,
-        backend: DockerBackend,
-        allowed: Allowlist,
-        project: Project,
-    ) -> None:
-        super().__init__(spec, container, network, backend=backend, allowed=allowed)
+    def __init__(self, *args: Any, project: Project, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.project = project
 
     def _rules_key(self) -> str:

@@ -93,6 +93,11 @@ class E2BBackend:
 
     async def start(self, spec: SandboxSpec) -> E2BSandbox:
         self._require_key()
+        if spec.compose_file is not None:
+            raise UnsupportedEnvironment(
+                f"environment/{spec.compose_file.name}: E2B sandboxes cannot run Docker Compose; "
+                "use --sandbox docker"
+            )
         if spec.gpus:
             raise UnsupportedEnvironment(
                 f"E2B sandboxes have no GPUs (the task asks for gpus = {spec.gpus}); use --sandbox docker"

@@ -123,6 +123,11 @@ class LocalBackend:
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        if spec.compose_file is not None:
+            raise UnsupportedEnvironment(
+                f"environment/{spec.compose_file.name}: the local sandbox cannot run Docker Compose; "
+                f"{_SUGGEST_DOCKER}"
+            )
         if spec.gpus:
             raise UnsupportedEnvironment(
                 f"the local sandbox cannot attach GPUs (gpus = {spec.gpus}); {_SUGGEST_DOCKER}"

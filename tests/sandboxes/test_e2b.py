@@ -275,3 +275,12 @@ async def test_a_phase_network_updates_the_running_sandbox_and_never_widens(sdk,
     await older.apply_network("no-network", [])
     warnings = [r for r in caplog.records if "keeps the network it started with" in r.getMessage()]
     assert len(warnings) == 1
+
+
+async def test_a_compose_task_is_refused_in_one_line(sdk, tmp_path):
+    from sandboxes import UnsupportedEnvironment
+
+    spec = SandboxSpec(name="compose", compose_file=tmp_path / "docker-compose.yaml")
+    with pytest.raises(UnsupportedEnvironment, match="E2B sandboxes cannot run Docker Compose"):
+        await sdk.backend().start(spec)
+    sdk.sandbox_cls.create.assert_not_awaited()
