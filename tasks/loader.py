@@ -41,6 +41,13 @@ DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_STORAGE_MB = 10240
+RUN_DEFAULTS: dict[tuple[str, str], object] = {
+    ("agent", "timeout_sec"): DEFAULT_AGENT_TIMEOUT_S,
+    ("environment", "cpus"): DEFAULT_CPUS,
+    ("environment", "memory_mb"): DEFAULT_MEMORY_MB,
+    ("environment", "storage_mb"): DEFAULT_STORAGE_MB,
+}
+"""(section, key) -> the value a run uses when task.toml leaves a Harbor field unset (None)."""
 # Slack on top of the agent and verifier timeouts for setup, uploads and teardown.
 _SANDBOX_SLACK_S = 300.0
 _ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
@@ -77,6 +84,10 @@ class TaskPaths:
     @property
     def has_solution(self) -> bool:
         return self.solve_script.is_file()
+
+    def test_script_for(self, os_name: str) -> Path:
+        """Harbor's verifier entry point for the task's OS: tests/test.sh, or tests/test.bat on Windows."""
+        return self.tests_dir / ("test.bat" if os_name == "windows" else "test.sh")
 
     @property
     def compose_file(self) -> Path | None:
@@ -218,17 +229,17 @@ def load_task(path: str | Path, task_id: str | None = None) -> Task:
     config = _read_config(paths.config)
     steps = tuple(_read_step(paths, step) for step in config.steps or [])
     instruction = "" if steps else _read_instruction(paths.instruction)
-    if not steps and not paths.test_script.is_file():
-        raise TaskFormatError(paths.test_script, "missing: every task needs tests/test.sh (the verifier)")
+    test_script = paths.test_script_for(config.environment.os)
+    if not steps and not test_script.is_file():
+        raise TaskFormatError(
+            test_script, f"missing: every task needs tests/{test_script.name} (the verifier)"
+        )
+    # As Harbor, a task without an environment/Dockerfile still loads; running it is refused
+    # (tasks.support) where no image can be had.
     workdir = None
-    if config.environment.docker_image is None:
-        if not paths.dockerfile.is_file() and paths.compose_file is None:
-            raise TaskFormatError(
-                paths.dockerfile, "missing: add environment/Dockerfile or set docker_image", "environment"
-            )
-        if paths.dockerfile.is_file():
-            check_dockerfile(paths.dockerfile, paths.environment_dir)
-            workdir = final_workdir(paths.dockerfile)
+    if config.environment.docker_image is None and paths.dockerfile.is_file():
+        check_dockerfile(paths.dockerfile, paths.environment_dir)
+        workdir = final_workdir(paths.dockerfile)
     return Task(
         id=task_id or root.name,
         name=config.task.name if config.task is not None else root.name,

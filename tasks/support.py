@@ -20,6 +20,8 @@ def refusals(task: Task, backend: str) -> list[str]:
     """Why `task` cannot run on `backend` (empty: it can), each one line naming the field."""
     config, env = task.config, task.config.environment
     found: list[str] = []
+    if env.docker_image is None and not task.paths.dockerfile.is_file() and task.paths.compose_file is None:
+        found.append("environment/Dockerfile: missing, and [environment] docker_image is not set; no image to run")
     if env.os == "windows":
         found.append("[environment] os = 'windows': Windows containers are not supported here")
     if env.tpu is not None:

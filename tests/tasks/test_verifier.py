@@ -61,10 +61,17 @@ def test_parse_reward_json(text, key, reward):
         ('{"reward": "high"}', None, "finite number"),
         ('{"reward": true}', None, "finite number"),
         ('{"reward": NaN}', None, "finite number"),
-        ('{"a": 1, "b": 2}', None, "reward_key"),
         ('{"reward": 1}', "accuracy", "no key 'accuracy'"),
     ],
 )
+def test_a_multi_metric_reward_json_is_a_valid_result():
+    # Harbor's multi-reward recipe writes {"correctness": c, "performance": p} and no `reward` key.
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', None) == (
+        None, {"correctness": 1.0, "performance": 0.0}
+    )  # fmt: skip
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', "performance")[0] == 0.0
+
+
 def test_parse_reward_json_rejects(text, key, words):
     with pytest.raises(RewardFileError, match=words):
         parse_reward_json(text, key)
