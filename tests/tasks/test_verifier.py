@@ -52,6 +52,14 @@ def test_parse_reward_json(text, key, reward):
     assert parse_reward_json(text, key)[0] == reward
 
 
+def test_a_multi_metric_reward_json_is_a_valid_result():
+    # Harbor's multi-reward recipe writes {"correctness": c, "performance": p} and no `reward` key.
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', None) == (
+        None, {"correctness": 1.0, "performance": 0.0}
+    )  # fmt: skip
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', "performance")[0] == 0.0
+
+
 @pytest.mark.parametrize(
     ("text", "key", "words"),
     [
@@ -64,14 +72,6 @@ def test_parse_reward_json(text, key, reward):
         ('{"reward": 1}', "accuracy", "no key 'accuracy'"),
     ],
 )
-def test_a_multi_metric_reward_json_is_a_valid_result():
-    # Harbor's multi-reward recipe writes {"correctness": c, "performance": p} and no `reward` key.
-    assert parse_reward_json('{"correctness": 1, "performance": 0}', None) == (
-        None, {"correctness": 1.0, "performance": 0.0}
-    )  # fmt: skip
-    assert parse_reward_json('{"correctness": 1, "performance": 0}', "performance")[0] == 0.0
-
-
 def test_parse_reward_json_rejects(text, key, words):
     with pytest.raises(RewardFileError, match=words):
         parse_reward_json(text, key)
