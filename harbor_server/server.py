@@ -295,7 +295,7 @@ class HarborServer:
             name=task.name,
             split=split,
             instruction=task.instruction,
-            has_solution=task.paths.has_solution,
+            has_solution=task.has_solution,
             agent_timeout_sec=task.config.agent.timeout_sec,
             metadata=dict(task.config.metadata),
         )

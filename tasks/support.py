@@ -9,7 +9,7 @@ it (printed by `harbor tasks check`). The README's "Harbor tasks" table lists bo
 from __future__ import annotations
 
 from tasks.errors import UnsupportedTaskFeature
-from tasks.loader import Task
+from tasks.loader import Task, dockerfile_instructions
 from tasks.network import AgentNetwork, sandbox_network
 
 COMPOSE_BACKENDS = frozenset({"docker"})
@@ -30,6 +30,11 @@ def refusals(task: Task, backend: str) -> list[str]:
         found.append("[environment] gpu_types: choosing a GPU type is not supported here; remove it to take any GPU")
     if env.gpus and backend not in GPU_BACKENDS:
         found.append(f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker")
+    if backend == "local" and _has_entrypoint(task):
+        found.append(
+            "environment/Dockerfile ENTRYPOINT: the local sandbox does not run an image's ENTRYPOINT "
+            "(its services would be missing); use --sandbox docker"
+        )
     if task.paths.compose_file is not None and backend not in COMPOSE_BACKENDS:
         found.append(
             f"environment/{task.paths.compose_file.name}: the {backend} sandbox cannot run Docker Compose "
@@ -46,6 +51,12 @@ def refusals(task: Task, backend: str) -> list[str]:
     if task.paths.prior_trajectory.is_file() or any((s.root / "trajectory.json").is_file() for s in task.steps):
         found.append("trajectory.json: seeding an agent with prior context is not supported")
     return found
+
+
+def _has_entrypoint(task: Task) -> bool:
+    if task.config.environment.docker_image is not None or not task.paths.dockerfile.is_file():
+        return False
+    return any(word == "ENTRYPOINT" for _, word, _ in dockerfile_instructions(task.paths.dockerfile))
 
 
 def check_supported(task: Task, backend: str) -> None:

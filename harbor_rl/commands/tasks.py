@@ -127,7 +127,7 @@ def _row(task, backend: str) -> dict:
     if unknown and len(unknown) > len(misplaced):
         notes.append("unknown keys kept: " + ", ".join(k for k in unknown if k not in misplaced))
     notes += warnings(task, backend)
-    if not task.paths.has_solution and not any(s.solve_script.is_file() for s in task.steps):
+    if not task.has_solution:
         notes.append("no solution/solve.sh")
     error = f"cannot run on {backend}: " + "; ".join(refused) if refused else None
     row = {"id": task.id, "name": task.name, "error": error, "notes": "; ".join(notes)}
@@ -147,7 +147,7 @@ async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: 
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task, agent):
-        if agent == "oracle" and not task.paths.has_solution:
+        if agent == "oracle" and not task.has_solution:
             return None
         async with gate:
             return await sanity_check(task, backend, agent)
