@@ -31,7 +31,9 @@ def _relative(source: str) -> PurePosixPath:
     return PurePosixPath(*parts) if parts else PurePosixPath(".")
 
 
-async def collect_artifacts(sandbox: Sandbox, entries: list[str | ArtifactConfig], folder: Path) -> list[dict]:
+async def collect_artifacts(
+    sandbox: Sandbox, entries: list[str | ArtifactConfig], folder: Path
+) -> list[dict]:
     """Copy each entry out of `sandbox` into `folder` (the rollout's `artifacts/`) and write its manifest.
     Returns the manifest's entries; nothing here raises for a missing or unreadable source."""
     folder.mkdir(parents=True, exist_ok=True)

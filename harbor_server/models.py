@@ -178,6 +178,8 @@ class DatasetInfo(BaseModel):
     split: str
     source: str
     num_tasks: int
+    refused: dict[str, str] = Field(default_factory=dict)
+    """Tasks that could not be loaded (task id -> why); the others are served."""
 
 
 class SandboxInfo(BaseModel):

@@ -338,7 +338,11 @@ class RolloutRunner:
     def _agent_network(self, request: RolloutRequest) -> AgentNetwork:
         """The request's, else the server's, else by purpose: training denies the agent phase the
         network (docs/reliability.md, "Network"), evaluation gives what the task declares."""
-        return request.agent_network or self.config.agent_network or ("none" if request.purpose == "train" else "task")
+        return (
+            request.agent_network
+            or self.config.agent_network
+            or ("none" if request.purpose == "train" else "task")
+        )
 
     def _artifacts_root(self, live: LiveRollout) -> Path:
         if live.request.artifacts_dir is not None:

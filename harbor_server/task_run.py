@@ -199,7 +199,9 @@ class TaskRun:
             async with asyncio.timeout(timeout_s + AGENT_TIMEOUT_GRACE_S):
                 return await self.harness.run(with_default_user(self.sandbox, user), run)
         except TimeoutError:
-            return AgentOutcome(timed_out=True, log_tail=f"the harness did not return within {timeout_s:.0f} s")
+            return AgentOutcome(
+                timed_out=True, log_tail=f"the harness did not return within {timeout_s:.0f} s"
+            )
         except HarnessConfigError as exc:
             raise HarborServerError(str(exc), status=400) from None
 

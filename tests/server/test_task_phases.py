@@ -11,6 +11,7 @@ import os
 import textwrap
 from pathlib import Path
 
+import httpx
 import pytest
 
 from harbor_server.client import HarborSessionFactory
@@ -224,3 +225,24 @@ def test_the_oracle_runs_as_the_tasks_agent_user(tmp_path, tasks):
         " || echo 0 > /logs/verifier/reward.txt\n",
     })  # fmt: skip
     assert run_oracle(tmp_path, tasks, "user").env_reward == 1.0
+
+
+def test_one_bad_task_never_blocks_the_rest_of_the_dataset(tmp_path, tasks):
+    write_task(tasks, "good", {"task.toml": '[task]\nname = "test/good"\n', "solution/solve.sh": "#!/bin/bash\ntrue\n",
+                               "tests/test.sh": REWARD_1})  # fmt: skip
+    write_task(tasks, "bad", {"task.toml": '[environment]\ncpus = "lots"\n', "tests/test.sh": REWARD_1})
+    config = make_config(tmp_path, datasets=[str(tasks)])
+    with running_server(config) as server:
+        info = httpx.get(f"{server.url}/info").json()
+        [dataset] = info["datasets"]
+        assert dataset["num_tasks"] == 1 and "cpus" in dataset["refused"]["bad"]
+    assert run_oracle(tmp_path, tasks, "good").env_reward == 1.0
+    from harbor_server import HarborServerError
+    from tasks import DatasetError
+
+    strict = make_config(tmp_path, datasets=[str(tasks)], strict=True)
+    with (
+        pytest.raises((DatasetError, HarborServerError, RuntimeError), match="'bad' is refused"),
+        running_server(strict),
+    ):
+        pass
