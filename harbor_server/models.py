@@ -164,6 +164,8 @@ class TaskInfo(BaseModel):
     has_solution: bool
     agent_timeout_sec: float
     metadata: dict[str, Any] = Field(default_factory=dict)
+    reward_keys: list[str] | None = None
+    """The metrics its verifier can report, as far as its tests tell (None: not known before a run)."""
 
 
 class TaskPage(BaseModel):

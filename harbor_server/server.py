@@ -32,6 +32,7 @@ from harbor_server.rollouts import HarnessFactory, RolloutManager
 from harnesses import get_harness, harness_names
 from sandboxes import BACKENDS
 from tasks import Dataset, Task, load_dataset_spec
+from tasks.support import static_reward_keys
 
 log = logging.getLogger(__name__)
 
@@ -304,6 +305,7 @@ class HarborServer:
             split=split,
             instruction=task.instruction,
             has_solution=task.has_solution,
-            agent_timeout_sec=task.config.agent.timeout_sec,
+            agent_timeout_sec=task.agent_timeout_sec,
             metadata=dict(task.config.metadata),
+            reward_keys=static_reward_keys(task),
         )

@@ -8,6 +8,8 @@ it (printed by `harbor tasks check`). The README's "Harbor tasks" table lists bo
 
 from __future__ import annotations
 
+import re
+
 from tasks.errors import UnsupportedTaskFeature
 from tasks.loader import Task, dockerfile_instructions
 from tasks.network import AgentNetwork, sandbox_network
@@ -51,6 +53,42 @@ def refusals(task: Task, backend: str) -> list[str]:
     if task.paths.prior_trajectory.is_file() or any((s.root / "trajectory.json").is_file() for s in task.steps):
         found.append("trajectory.json: seeding an agent with prior context is not supported")
     return found
+
+
+_JSON_KEY = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:""")
+_MAX_TEST_FILE_BYTES = 512 * 1024
+
+
+def static_reward_keys(task: Task) -> list[str] | None:
+    """The metrics the task's verifier can report, as far as reading its tests tells: `["reward"]` when
+    they write only reward.txt; with a reward.json, every quoted `"key":` in them (a superset: other
+    dicts count too), plus `[verifier] reward_key`. None when the tests mention neither reward file
+    (written by something we cannot read, say). Lets a training run refuse at start-up a dataset
+    whose tasks never report the key it trains on, instead of finding out rollout by rollout."""
+    texts = [_read_small(p) for d in _tests_dirs(task) for p in sorted(d.rglob("*")) if p.is_file()]
+    joined = "\n".join(texts)
+    if "reward.json" not in joined:
+        return ["reward"] if "reward.txt" in joined else None
+    keys = set(_JSON_KEY.findall(joined))
+    if "reward.txt" in joined:
+        keys.add("reward")
+    if task.config.verifier.reward_key:
+        keys.add(task.config.verifier.reward_key)
+    return sorted(keys)
+
+
+def _tests_dirs(task: Task) -> list:
+    dirs = [task.paths.tests_dir] + [step.tests_dir for step in task.steps]
+    return [d for d in dirs if d.is_dir()]
+
+
+def _read_small(path) -> str:
+    try:
+        if path.stat().st_size > _MAX_TEST_FILE_BYTES:
+            return ""
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
 
 
 def _has_entrypoint(task: Task) -> bool:

@@ -197,7 +197,9 @@ def test_artifacts_are_collected_with_harbors_manifest(tmp_path, tasks):
     assert result.status == "completed" and result.env_reward == 1.0
 
 
-def test_env_templates_reach_the_sandbox_and_a_missing_one_fails_the_rollout(tmp_path, tasks, monkeypatch, caplog):
+def test_env_templates_reach_the_sandbox_and_a_missing_one_fails_the_rollout(
+    tmp_path, tasks, monkeypatch, caplog
+):
     write_task(tasks, "env", {
         "task.toml": '[task]\nname = "test/env"\n[environment.env]\nGREETING = "${HRL_TEST_GREETING}"\n'
         'FALLBACK = "${HRL_TEST_UNSET:-plan-b}"\n',
@@ -246,3 +248,27 @@ def test_one_bad_task_never_blocks_the_rest_of_the_dataset(tmp_path, tasks):
         running_server(strict),
     ):
         pass
+
+
+def test_training_refuses_at_start_up_a_dataset_whose_tasks_never_report_its_reward_key(tmp_path, tasks):
+    write_task(tasks, "multi", {
+        "task.toml": '[task]\nname = "test/multi"\n',
+        "tests/test.sh": "#!/bin/bash\necho '{\"correctness\": 1, \"performance\": 0}' > /logs/verifier/reward.json\n",
+    })  # fmt: skip
+    with running_server(make_config(tmp_path, datasets=[str(tasks)])) as server:
+
+        def factory(**kw):
+            return HarborSessionFactory(server.url, split="tasks", harness="nop", sandbox="local",
+                                        llm_url=UNUSED_ENGINE, model="tiny", **kw)  # fmt: skip
+
+        from harbor_server import BadRolloutRequest
+
+        with factory() as train, pytest.raises(BadRolloutRequest) as info:
+            list(train.prompt_rows())  # what a trainer reads first, before any rollout
+        assert "reward_key 'reward'" in str(info.value) and "multi (correctness, performance)" in str(
+            info.value
+        )
+        with factory(reward_key="correctness") as train:
+            assert [row["task_id"] for row in train.prompt_rows()] == ["multi"]
+        with factory(purpose="eval") as evaluate:  # an evaluation reports every metric
+            assert len(list(evaluate.prompt_rows())) == 1

@@ -168,3 +168,11 @@ def test_a_missing_host_variable_is_named_never_its_value(tmp_path, monkeypatch)
         resolve_env({"API_KEY": "${HRL_MISSING}", "OTHER": "visible-literal"}, where="[environment] env")
     assert "HRL_MISSING is not set" in str(info.value) and "API_KEY" in str(info.value)
     assert "visible-literal" not in str(info.value)
+
+
+def test_the_reward_keys_of_public_tasks_are_read_from_their_tests():
+    from tasks.support import static_reward_keys
+
+    multi = load_task(FIXTURES / "harbor-cookbook" / "multi-reward")
+    assert {"correctness", "performance"} <= set(static_reward_keys(multi))
+    assert static_reward_keys(load_task(FIXTURES / "harbor-cookbook" / "simple-task")) == ["reward"]
