@@ -28,8 +28,6 @@ def refusals(task: Task, backend: str) -> list[str]:
         found.append("[environment] os = 'windows': Windows containers are not supported here")
     if env.tpu is not None:
         found.append("[environment] tpu: TPUs are not supported here")
-    if env.gpu_types:
-        found.append("[environment] gpu_types: choosing a GPU type is not supported here; remove it to take any GPU")
     if env.gpus and backend not in GPU_BACKENDS:
         found.append(f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker")
     if backend == "local" and _has_entrypoint(task):
@@ -108,6 +106,8 @@ def check_supported(task: Task, backend: str) -> None:
 def warnings(task: Task, backend: str, *, agent_network: AgentNetwork = "task") -> list[str]:
     """What runs on `backend`, but not quite as the task declares it."""
     found: list[str] = []
+    if task.config.environment.gpu_types:
+        found.append("[environment] gpu_types: Docker cannot choose a GPU type; any GPU is taken (as in Harbor)")
     network = sandbox_network(task.config, agent_network=agent_network)
     if backend == "local" and network.network_mode == "public":
         found.append(
