@@ -164,6 +164,8 @@ class TaskInfo(BaseModel):
     has_solution: bool
     agent_timeout_sec: float
     metadata: dict[str, Any] = Field(default_factory=dict)
+    reward_keys: list[str] | None = None
+    """The metrics its verifier can report, as far as its tests tell (None: not known before a run)."""
 
 
 class TaskPage(BaseModel):
@@ -178,6 +180,8 @@ class DatasetInfo(BaseModel):
     split: str
     source: str
     num_tasks: int
+    refused: dict[str, str] = Field(default_factory=dict)
+    """Tasks that could not be loaded (task id -> why); the others are served."""
 
 
 class SandboxInfo(BaseModel):

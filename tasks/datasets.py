@@ -38,7 +38,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -66,6 +66,7 @@ class Refusal:
 
     task_id: str
     reason: str
+    error: TaskError = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def _try(load: Any, task_id: str) -> Task | Refusal:
     try:
         return load()
     except TaskError as exc:
-        return Refusal(task_id=task_id, reason=str(exc))
+        return Refusal(task_id=task_id, reason=str(exc), error=exc)
 
 
 def _dataset(source: str, split: str, loaded: list[Task | Refusal]) -> Dataset:
@@ -225,9 +226,11 @@ def _dataset(source: str, split: str, loaded: list[Task | Refusal]) -> Dataset:
         if task.id in seen:
             raise DatasetError(f"{source} split {split!r}: task id {task.id!r} appears twice")
         seen.add(task.id)
+    if not tasks and len(refused) == 1:
+        raise refused[0].error  # a one-task dataset fails as that task does
     if not tasks and refused:
         first = refused[0]
-        raise DatasetError(f"{source}: every task is refused; {first.task_id!r}: {first.reason}")
+        raise DatasetError(f"{source}: all {len(refused)} tasks are refused; {first.task_id!r}: {first.reason}")
     return Dataset(
         source=source,
         split=split,

@@ -29,7 +29,7 @@ from sandboxes.base import SandboxSpec
 from sandboxes.dockerfile import parse_dockerfile, parse_env_args, substitute
 from sandboxes.errors import UnsupportedEnvironment
 from tasks.errors import TaskEnvError, TaskFormatError
-from tasks.models import NetworkMode, StepConfig, TaskConfig
+from tasks.models import NetworkPolicy, StepConfig, TaskConfig
 
 TASK_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """What a task id looks like: a folder name, a row's `task_id`, a registry task's name."""
@@ -41,6 +41,13 @@ DEFAULT_AGENT_TIMEOUT_S = 600.0
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY_MB = 2048
 DEFAULT_STORAGE_MB = 10240
+RUN_DEFAULTS: dict[tuple[str, str], object] = {
+    ("agent", "timeout_sec"): DEFAULT_AGENT_TIMEOUT_S,
+    ("environment", "cpus"): DEFAULT_CPUS,
+    ("environment", "memory_mb"): DEFAULT_MEMORY_MB,
+    ("environment", "storage_mb"): DEFAULT_STORAGE_MB,
+}
+"""(section, key) -> the value a run uses when task.toml leaves a Harbor field unset (None)."""
 # Slack on top of the agent and verifier timeouts for setup, uploads and teardown.
 _SANDBOX_SLACK_S = 300.0
 _ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
@@ -77,6 +84,10 @@ class TaskPaths:
     @property
     def has_solution(self) -> bool:
         return self.solve_script.is_file()
+
+    def test_script_for(self, os_name: str) -> Path:
+        """Harbor's verifier entry point for the task's OS: tests/test.sh, or tests/test.bat on Windows."""
+        return self.tests_dir / ("test.bat" if os_name == "windows" else "test.sh")
 
     @property
     def compose_file(self) -> Path | None:
@@ -149,6 +160,13 @@ class Task:
         return replace(self, config=self.config.model_copy(update={"verifier": verifier}))
 
     @property
+    def has_solution(self) -> bool:
+        """The oracle can run it: solution/solve.sh, or (a `[[steps]]` task) one for every step."""
+        if self.paths.has_solution:
+            return True
+        return bool(self.steps) and all(step.solve_script.is_file() for step in self.steps)
+
+    @property
     def workdir(self) -> str | None:
         """Where commands run: `[environment] workdir`, else the Dockerfile's WORKDIR; None leaves it to
         the image (a prebuilt `docker_image`), as Harbor does."""
@@ -168,20 +186,22 @@ class Task:
         return (step.config if step is not None else self.config).verifier.timeout_sec
 
     def sandbox_spec(
-        self, name: str, proxy_port: int | None = None, *, network_mode: NetworkMode | None = None
+        self, name: str, proxy_port: int | None = None, *, network: NetworkPolicy | None = None
     ) -> SandboxSpec:
         """What a backend needs to start this task's sandbox for the rollout called `name`.
 
-        `network_mode`: the most open policy any phase of the run needs (the sandbox starts on it and
-        each phase narrows it); the environment's own by default."""
+        `network`: the most open policy any phase of the run needs (the sandbox starts on it and each
+        phase narrows it; `tasks.network.sandbox_network`); the environment's own by default. Raises
+        TaskEnvError when `[environment] env` names a host variable that is not set."""
         env = self.config.environment
         uses_image = env.docker_image is not None
-        policy = env.baseline_policy()
+        policy = network or env.baseline_policy()
         phases = self.steps or (None,)
         budget_s = sum(self.agent_timeout_for(s) + self.verifier_timeout_for(s) for s in phases)
         return SandboxSpec(
             name=name,
             environment_dir=None if uses_image else self.paths.environment_dir,
+            compose_file=self.paths.compose_file,
             docker_image=env.docker_image,
             workdir=self.workdir,
             cpus=float(env.cpus) if env.cpus is not None else DEFAULT_CPUS,
@@ -189,7 +209,7 @@ class Task:
             storage_mb=env.storage_mb or DEFAULT_STORAGE_MB,
             pids_limit=env.pids_limit,
             gpus=env.gpus or 0,
-            network_mode=network_mode or policy.network_mode,
+            network_mode=policy.network_mode,
             allowed_hosts=list(policy.allowed_hosts),
             proxy_port=proxy_port,
             env=resolve_env(env.env, where="[environment] env"),
@@ -218,17 +238,17 @@ def load_task(path: str | Path, task_id: str | None = None) -> Task:
     config = _read_config(paths.config)
     steps = tuple(_read_step(paths, step) for step in config.steps or [])
     instruction = "" if steps else _read_instruction(paths.instruction)
-    if not steps and not paths.test_script.is_file():
-        raise TaskFormatError(paths.test_script, "missing: every task needs tests/test.sh (the verifier)")
+    test_script = paths.test_script_for(config.environment.os)
+    if not steps and not test_script.is_file():
+        raise TaskFormatError(
+            test_script, f"missing: every task needs tests/{test_script.name} (the verifier)"
+        )
+    # As Harbor, a task without an environment/Dockerfile still loads; running it is refused
+    # (tasks.support) where no image can be had.
     workdir = None
-    if config.environment.docker_image is None:
-        if not paths.dockerfile.is_file() and paths.compose_file is None:
-            raise TaskFormatError(
-                paths.dockerfile, "missing: add environment/Dockerfile or set docker_image", "environment"
-            )
-        if paths.dockerfile.is_file():
-            check_dockerfile(paths.dockerfile, paths.environment_dir)
-            workdir = final_workdir(paths.dockerfile)
+    if config.environment.docker_image is None and paths.dockerfile.is_file():
+        check_dockerfile(paths.dockerfile, paths.environment_dir)
+        workdir = final_workdir(paths.dockerfile)
     return Task(
         id=task_id or root.name,
         name=config.task.name if config.task is not None else root.name,

@@ -548,6 +548,13 @@ class TaskConfig(BaseModel):
         return steps
 
     @model_validator(mode="after")
+    def _artifact_entries_valid(self) -> TaskConfig:
+        # A string entry is an ArtifactConfig's source, checked as one (Harbor's validate_artifact_structure).
+        for entries in [self.artifacts] + [step.artifacts for step in self.steps or []]:
+            artifact_entries(entries)
+        return self
+
+    @model_validator(mode="after")
     def _apply_allow_internet(self) -> TaskConfig:
         # Harbor applies the legacy flag after validation, only where no policy was written explicitly.
         sections = [self.environment, self.verifier.environment]

@@ -88,17 +88,9 @@ def parse_reward_json(text: str, reward_key: str | None) -> tuple[float | None, 
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise RewardFileError(f"reward.json key {key!r} is not a finite number ({value!r})")
         rewards[key] = float(value)
-    if reward_key is not None:
-        if reward_key not in rewards:
-            raise RewardFileError(
-                f"reward.json has no key {reward_key!r} (reward_key); keys: {sorted(rewards)}"
-            )
-        return rewards[reward_key], rewards
-    if "reward" in rewards:
-        return rewards["reward"], rewards
-    if len(rewards) == 1:
-        return next(iter(rewards.values())), rewards
-    return None, rewards
+    if reward_key is not None and reward_key not in rewards:
+        raise RewardFileError(f"reward.json has no key {reward_key!r} (reward_key); keys: {sorted(rewards)}")
+    return choose_reward(rewards, reward_key), rewards
 
 
 def parse_reward_txt(text: str) -> float:
@@ -284,12 +276,16 @@ async def _score(
         await _kill_quietly(sandbox, spare)
         return VerifierResult(reward=None, error=f"verifier timed out after {timeout:g}s", **base)
     try:
-        reward, rewards = await _read_reward(sandbox, reward_key)
+        _, rewards = await _read_reward(sandbox, None)
     except RewardFileError as exc:
         return VerifierResult(reward=None, error=str(exc), **base)
     except (SandboxError, OSError) as exc:
         return VerifierResult(reward=None, error=f"could not read the reward file: {exc}", **base)
-    return VerifierResult(reward=reward, rewards=rewards, **base)
+    if reward_key is not None and reward_key not in rewards:
+        # The metrics are kept (eval reports them); the one that trains is missing.
+        error = f"the verifier reported {sorted(rewards)} but no {reward_key!r} (reward_key)"
+        return VerifierResult(reward=None, rewards=rewards, error=error, **base)
+    return VerifierResult(reward=choose_reward(rewards, reward_key), rewards=rewards, **base)
 
 
 async def _kill_quietly(sandbox: Sandbox, spare: ProcessSnapshot) -> None:
@@ -327,3 +323,37 @@ async def _read_reward(sandbox: Sandbox, reward_key: str | None) -> tuple[float 
         return parse_reward_json(text, reward_key)
     value = parse_reward_txt(text)
     return value, {"reward": value}
+
+
+# -- one reward from several metrics, and several steps ------------------------------------------------
+
+
+def choose_reward(rewards: dict[str, float], reward_key: str | None) -> float | None:
+    """The metric that trains: `reward_key`'s, else `reward`, else the only one; None when there are
+    several and none of those (or `reward_key` names a metric the verifier did not report)."""
+    if reward_key is not None:
+        return rewards.get(reward_key)
+    if "reward" in rewards:
+        return rewards["reward"]
+    return next(iter(rewards.values())) if len(rewards) == 1 else None
+
+
+def combine_step_rewards(strategy: str | None, steps: list[dict[str, float] | None]) -> dict[str, float]:
+    """A `[[steps]]` task's metrics from its steps', as Harbor combines them (harbor/trial/trial.py,
+    `_select_multi_step_reward`): `final` is the last step's as it is; `mean` (the default) is each
+    key's mean over the steps that were verified, a key a step lacks counting 0 for it. `steps` holds
+    each step's metrics in order, None for a step that produced none."""
+    if strategy == "final":
+        return dict(steps[-1] or {}) if steps else {}
+    verified = [metrics for metrics in steps if metrics]
+    keys = dict.fromkeys(key for metrics in verified for key in metrics)
+    return {key: sum(m.get(key, 0.0) for m in verified) / len(verified) for key in keys}
+
+
+def below_min_reward(min_reward: float | dict[str, float] | None, rewards: dict[str, float]) -> bool:
+    """Whether a step's metrics miss its `min_reward` (a number gates `reward`; a table, each key; a
+    missing key counts as -inf), which stops the steps after it."""
+    if min_reward is None:
+        return False
+    gates = {"reward": min_reward} if isinstance(min_reward, int | float) else min_reward
+    return any(rewards.get(key, -math.inf) < threshold for key, threshold in gates.items())

@@ -192,9 +192,11 @@ def test_missing_test_script(make_task):
     assert err.file.endswith("tests/test.sh") and "missing" in err.problem
 
 
-def test_missing_dockerfile(make_task):
-    err = _error(make_task(files={"environment/Dockerfile": None}))
-    assert err.file.endswith("environment/Dockerfile") and "docker_image" in err.problem
+def test_missing_dockerfile_loads_as_in_harbor_but_cannot_run(make_task):
+    from tasks.support import refusals
+
+    task = load_task(make_task(files={"environment/Dockerfile": None}))
+    assert any("environment/Dockerfile: missing" in r and "docker_image" in r for r in refusals(task, "docker"))
 
 
 def test_symlink_out_of_the_task_folder(make_task, tmp_path):
