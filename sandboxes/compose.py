@@ -278,7 +278,8 @@ def project_overlay(
             entry["extra_hosts"] = pins
         services[name] = entry
     networks = {}
-    for index, name in enumerate(merged.get("networks") or {}):
+    declared = sorted(merged.get("networks") or {}, key=lambda name: name != "default")  # default: hrl-c<hex>
+    for index, name in enumerate(declared):
         networks[name] = {
             "driver_opts": {
                 "com.docker.network.bridge.name": project.bridge(index),

@@ -181,13 +181,20 @@ class DockerBackend:
             if await _blocking(self.builder._exists, "harbor-rl/sandbox-base:bookworm")
             else "missing"
         )
+        from sandboxes.compose import compose_version
+
+        try:
+            compose = f"compose {await _blocking(compose_version)}"
+        except SandboxUnavailable:
+            compose = "compose MISSING (compose tasks cannot run; scripts/setup.sh installs it)"
         return (
             f"docker: engine {info.get('ServerVersion')}, storage {info.get('Driver')}, "
-            f"base image {base}, firewall {'on' if self.firewall else 'OFF'}"
+            f"base image {base}, firewall {'on' if self.firewall else 'OFF'}, {compose}"
         )
 
     async def sweep(self) -> int:
-        """Remove containers whose owner process on this host is gone (or that have no owner)."""
+        """Remove containers and compose projects whose owner process on this host is gone (or that have
+        no owner), and firewall rules whose sandbox is gone."""
         return await _blocking(self._sweep)
 
     async def aclose(self) -> None:

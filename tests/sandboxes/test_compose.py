@@ -188,6 +188,52 @@ async def test_sweep_removes_a_project_whose_owner_died(docker_backend, stand_in
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(300)
+async def test_declared_networks_and_network_mode_none_are_kept(docker_backend, tmp_path):
+    """main on the default network and a declared one; a sidecar only on the declared one; another with
+    no network at all. Each project network is a bridge of ours (so the firewall confines it)."""
+    env = tmp_path / "nets" / "environment"
+    env.mkdir(parents=True)
+    (env / "Dockerfile").write_text("FROM harbor-rl/sandbox-base:bookworm\nWORKDIR /app\n")
+    (env / "docker-compose.yaml").write_text(
+        "services:\n"
+        "  main:\n    networks: [default, back]\n    depends_on: [db]\n"
+        "  db:\n    image: harbor-rl/sandbox-base:bookworm\n"
+        '    command: ["python3", "-m", "http.server", "8000"]\n    networks: [back]\n'
+        "  offline:\n    image: harbor-rl/sandbox-base:bookworm\n"
+        '    command: ["sleep", "infinity"]\n    network_mode: none\n'
+        "networks:\n  back: {}\n"
+    )
+    sandbox = await docker_backend.start(task_spec(env.parent))
+    project = sandbox.project.name
+    try:
+        served = await sandbox.exec(
+            "for i in $(seq 40); do curl -s -o /dev/null -w '%{http_code}' http://db:8000/ && break; sleep 0.25; done",
+            timeout_s=60,
+        )
+        assert served.stdout.endswith("200")
+        modes = subprocess.run(
+            [
+                "docker",
+                "ps",
+                "--filter",
+                f"label=com.docker.compose.project={project}",
+                "--format",
+                '{{.Label "com.docker.compose.service"}} {{.Networks}}',
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "offline none" in modes
+        bridges = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert sandbox.network.bridge == f"hrl-c{sandbox.project.hex}"  # the default network, main's
+        assert f"{sandbox.network.bridge}:" in bridges and f"{sandbox.network.bridge}1:" in bridges
+    finally:
+        await sandbox.stop()
+    assert project_leftovers(project) == []
+
+
+@pytest.mark.docker
 async def test_main_with_its_own_network_mode_is_refused_in_one_line(docker_backend, tmp_path):
     task = tmp_path / "netmode"
     env = task / "environment"
