@@ -223,9 +223,7 @@ class TaskRun:
         await collect_artifacts(self.sandbox, entries, folder)
 
     async def _network(self, policy: NetworkPolicy) -> None:
-        apply = getattr(self.sandbox, "apply_network", None)  # TEMPORARY until the backends land it
-        if apply is not None:
-            await apply(policy.network_mode, list(policy.allowed_hosts))
+        await self.sandbox.apply_network(policy.network_mode, list(policy.allowed_hosts))
 
     async def _healthcheck(self, check: HealthcheckConfig | None, what: str) -> None:
         """Docker HEALTHCHECK semantics, as Harbor polls it: failures in the start period do not count;
