@@ -279,7 +279,8 @@ async def _run_trials(
 
 
 def rollout_request(config: EvalConfig, job: Job, trial: Trial, trial_dir: Path) -> RolloutRequest:
-    """The rollout of one trial; the server collects the task's artifacts into the trial's folder."""
+    """The rollout of one trial; the server collects the task's artifacts into the trial's folder
+    (`artifacts/`, `steps/<step>/artifacts/`, as Harbor lays a trial out)."""
     sampling = {"sampling": config.sampling} if config.sampling is not None else {}
     return RolloutRequest(
         **sampling,
@@ -292,7 +293,7 @@ def rollout_request(config: EvalConfig, job: Job, trial: Trial, trial_dir: Path)
         agent_timeout_sec=config.agent_timeout_sec,
         agent_step_limit=config.agent_step_limit,
         purpose="eval",
-        artifacts_dir=str((trial_dir / "artifacts").resolve()),
+        artifacts_dir=str(trial_dir.resolve()),
         seed=trial.attempt,
         episode_id=f"{job.name}/{trial.task_id}/{trial.attempt}",
         metadata={"eval_job": job.name, "attempt": trial.attempt},

@@ -1,7 +1,7 @@
 """What a finished rollout leaves in its trial folder besides result.json, where Harbor keeps the same:
 `agent/` (the ATIF trajectory of the captured calls, the agent's log tail), `verifier/` and
-`steps/<step>/verifier/` (the verifier's output and metrics), `artifacts/` (the task's artifacts, with
-Harbor's manifest.json).
+`steps/<step>/verifier/` (the verifier's output and metrics), `artifacts/` and `steps/<step>/artifacts/`
+(the task's artifacts, with Harbor's manifest.json; the server collects them into the trial's folder).
 
 The server hands back the verifier's output as a tail (`harbor_server.rollout_run.LOG_TAIL_CHARS` characters
 of stdout and stderr together, as Harbor's test-stdout.txt merges them) and its metrics as numbers, not the files test.sh left
@@ -40,7 +40,7 @@ def write_trial_outputs(trial_dir: Path, outcome: RolloutOutcome, *, harness: st
             trial_dir / "steps" / safe_name(step.name) / "verifier", step.verifier_output, step.rewards
         )
     if result.artifacts_dir is not None:
-        copy_artifacts(Path(result.artifacts_dir), trial_dir / "artifacts")
+        copy_artifacts(Path(result.artifacts_dir), trial_dir)
 
 
 def write_verifier_dir(folder: Path, output: str, rewards: dict[str, float]) -> None:
@@ -50,9 +50,12 @@ def write_verifier_dir(folder: Path, output: str, rewards: dict[str, float]) -> 
         (folder / "reward.json").write_bytes(orjson.dumps(rewards) + b"\n")
 
 
-def copy_artifacts(source: Path, target: Path) -> None:
-    """The rollout's artifacts into the trial's `artifacts/` (nothing to do when the server collected
-    them there, as eval asks it to)."""
-    if not source.is_dir() or source.resolve() == target.resolve():
+def copy_artifacts(source: Path, trial_dir: Path) -> None:
+    """The rollout's artifacts, laid out as in a Harbor trial (`artifacts/`, `steps/<step>/artifacts/`),
+    into the trial's folder; nothing to do when the server collected them there, as eval asks it to."""
+    if not source.is_dir() or source.resolve() == trial_dir.resolve():
         return
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    for folder in [source / "artifacts", *sorted((source / "steps").glob("*/artifacts"))]:
+        if folder.is_dir():
+            target = trial_dir / folder.relative_to(source)
+            shutil.copytree(folder, target, symlinks=True, dirs_exist_ok=True)

@@ -107,14 +107,16 @@ async def test_a_model_job_has_atif_trajectories_with_the_captured_token_ids(tmp
 
 
 def test_artifacts_keep_harbors_manifest(tmp_path):
-    """The server's artifacts folder (here one written by hand, as Harbor's artifact handler writes it)
-    lands in the trial's artifacts/, and Harbor reads its manifest."""
+    """Artifacts the server collected elsewhere (here a folder written by hand, as Harbor's artifact handler
+    lays it out) land in the trial's artifacts/ and steps/<step>/artifacts/, and Harbor reads the manifest."""
     collected = tmp_path / "collected"
-    (collected / "logs" / "artifacts").mkdir(parents=True)
-    (collected / "logs" / "artifacts" / "notes.txt").write_text("kept\n")
+    (collected / "artifacts" / "logs" / "artifacts").mkdir(parents=True)
+    (collected / "artifacts" / "logs" / "artifacts" / "notes.txt").write_text("kept\n")
+    (collected / "steps" / "build" / "artifacts").mkdir(parents=True)
+    (collected / "steps" / "build" / "artifacts" / "out.log").write_text("built\n")
     manifest = [{"source": "/logs/artifacts", "destination": "artifacts/logs/artifacts", "type": "directory",
                  "status": "ok", "service": None, "exclude": []}]  # fmt: skip
-    (collected / "manifest.json").write_text(json.dumps(manifest))
+    (collected / "artifacts" / "manifest.json").write_text(json.dumps(manifest))
     config = EvalConfig(harness="oracle")
     job = Job.create_or_resume(tmp_path / "job", config, resume=False)
     facts = TaskFacts(name="demo/a", path=str(tmp_path / "a"), checksum="0" * 64)
@@ -125,6 +127,7 @@ def test_artifacts_keep_harbors_manifest(tmp_path):
     write_trial_outputs(folder, outcome, harness="oracle", model=None)
     job.write_trial(trial_result(Trial("builtin", "a", 0), outcome, time.time(), config, facts))
     assert (folder / "artifacts" / "logs" / "artifacts" / "notes.txt").read_text() == "kept\n"
+    assert (folder / "steps" / "build" / "artifacts" / "out.log").read_text() == "built\n"
     assert (folder / "agent" / "oracle.txt").read_text() == "solved\n"
     job.summarize(planned_trials=1, started_at=time.time(), wall_time_s=1.0)
     report = validate_job(job.root)

@@ -1,6 +1,7 @@
 """Real runs of tasks whose verifier writes several metrics and no `reward` key: a local task of ours
-(a built-in task whose test.sh writes `{"correctness", "performance"}`) on the local sandbox, and the
-Harbor cookbook's multi-reward recipe on Docker; Harbor's package reads both job folders."""
+(a built-in task whose test.sh writes `{"correctness", "performance"}`, and whose solution publishes an
+artifact) on the local sandbox, and the Harbor cookbook's multi-reward recipe on Docker; Harbor's package
+reads both job folders."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def _two_key_dataset(root: Path) -> Path:
     task = root / "tasks" / "two-keys"
     shutil.copytree(BUILTIN_DIR / "fix-pagination", task)
     (task / "tests" / "test.sh").write_text(TWO_KEY_TEST)
+    solve = task / "solution" / "solve.sh"  # and it publishes an artifact, which the trial folder keeps
+    solve.write_text(
+        solve.read_text() + "mkdir -p /logs/artifacts && echo solved > /logs/artifacts/notes.txt\n"
+    )
     toml = task / "task.toml"
     toml.write_text(
         toml.read_text().replace('name = "harbor-rl/fix-pagination"', 'name = "harbor-rl/two-keys"')
@@ -47,11 +52,6 @@ def _eval(*args: str) -> None:
     return result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32 item 6 on the server side: until rollout_run stops calling a reward.json of several "
-    "metrics 'verifier gave no reward', such a trial is an error (remove this mark when it lands)",
-)
 def test_a_two_metric_task_is_scored_on_both_and_never_an_error(tmp_path, runs_dir, store_url):
     harbor_python()
     dataset = _two_key_dataset(tmp_path)
@@ -62,7 +62,16 @@ def test_a_two_metric_task_is_scored_on_both_and_never_an_error(tmp_path, runs_d
     assert summary.outcomes == {"scored": 2} and summary.errors_by_kind == {}
     assert {k: m.mean for k, m in summary.metrics.items()} == {"correctness": 1.0, "performance": 0.5}
     assert summary.scores.pass_at_k == {} and "give --reward-key" in " ".join(output.split())
-    assert validate_job(jobs / "plain")["errors"] == []
+    job = Job.open(jobs / "plain")
+    for trial in job.trials():
+        folder = job.trial_dir(trial.split, trial.task_id, trial.attempt)
+        assert (folder / "artifacts" / "logs" / "artifacts" / "notes.txt").read_text() == "solved\n"
+        reward = json.loads((folder / "verifier" / "reward.json").read_text())
+        assert reward == {"correctness": 1.0, "performance": 0.5}
+    report = validate_job(jobs / "plain")
+    assert report["errors"] == [] and report["manifests"] == 2
+    [evals] = report["evals"].values()
+    assert evals["metrics"] == [{"correctness": 1.0, "performance": 0.5}] and evals["n_trials"] == 2
     _eval("--dataset", str(dataset), "--harness", "oracle", "-k", "2", "-o", str(jobs), "--job-name", "keyed",
           "--reward-key", "correctness", "--store", store_url)  # fmt: skip
     keyed = Job.open(jobs / "keyed").summary()
@@ -70,13 +79,10 @@ def test_a_two_metric_task_is_scored_on_both_and_never_an_error(tmp_path, runs_d
 
 
 @pytest.mark.docker
-@pytest.mark.skip(
-    reason="enable with issue 32: needs the fixtures branch (RECIPE), the server scoring a multi-metric "
-    "reward.json, Docker with ubuntu:24.04 (or its stand-in) and the network its verifier uses (apt, uv)"
-)
 @pytest.mark.skipif(not RECIPE.is_dir(), reason=f"the cookbook fixture is not here ({RECIPE})")
 def test_cookbook_multi_reward_recipe_reports_correctness_and_performance(tmp_path, runs_dir, store_url):
-    """The recipe's verifier writes {correctness, performance} and no `reward`; its oracle passes both."""
+    """The recipe's verifier writes {correctness, performance} and no `reward`; its oracle passes both.
+    Needs the recipe's image (ubuntu:24.04, or its stand-in) and the network its verifier uses (apt, uv)."""
     harbor_python()
     from tests.sandboxes.conftest import docker_client_or_skip
 
