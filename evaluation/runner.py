@@ -354,7 +354,7 @@ def results_table(summary: JobSummary) -> Table:
     if s.metrics_only:
         lines.append(metrics_only_hint(summary))
     lines.extend(
-        f"step {name}: {st.verified}/{st.trials} verified, reward {_fmt(st.mean_reward)}"
+        f"step {name}: {st.verified}/{st.trials} verified"
         + "".join(f", {k} {_fmt(m.mean)}" for k, m in st.metrics.items())
         for name, st in summary.steps.items()
     )

@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -26,6 +27,8 @@ from harbor_server.models import RolloutResult
 from tests.harbor_ref import harbor_python, validate_job
 
 pytestmark = pytest.mark.timeout(600)
+MULTI_STEP = Path(__file__).parents[1] / "fixtures" / "harbor_tasks" / "harbor-cookbook" / "multi-step"
+"""harbor-framework/harbor-cookbook@e093c9a860b988d9d74901010ddddb9c7f124f92, copied verbatim (Apache-2.0)."""
 TRIAL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,32}__[2-9A-HJ-NP-Za-km-z]{7}$")
 """`<task[:32]>__<7 ShortUUID characters>`, as Harbor names trial folders."""
 
@@ -104,6 +107,39 @@ async def test_a_model_job_has_atif_trajectories_with_the_captured_token_ids(tmp
             assert trajectory["session_id"] == trial.rollout_id
     finally:
         store.close()
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not MULTI_STEP.is_dir(), reason=f"the cookbook fixture is not here ({MULTI_STEP})")
+def test_a_multi_step_job_folder_is_harbors(tmp_path, runs_dir, store_url):
+    """The cookbook's three-step recipe: each step's verifier output, metrics and artifacts where Harbor
+    keeps them (steps/<step>/), its step_results in result.json, and per-step means in the summary."""
+    from tests.sandboxes.conftest import docker_client_or_skip
+
+    docker_client_or_skip()
+    shutil.copytree(MULTI_STEP, tmp_path / "tasks" / "multi-step")
+    args = ["eval", "--dataset", str(tmp_path / "tasks"), "--harness", "oracle", "--sandbox", "docker",
+            "-o", str(tmp_path / "jobs"), "--job-name", "s", "--store", store_url]  # fmt: skip
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    job = Job.open(tmp_path / "jobs" / "s")
+    steps = ["scaffold", "implement", "document"]
+    summary = job.summary()
+    assert summary.scores.pass_rate == 1.0 and list(summary.steps) == steps
+    assert all(
+        (s.verified, s.errors, s.metrics["reward"].mean) == (1, 0, 1.0) for s in summary.steps.values()
+    )
+    [trial] = job.trials()
+    folder = job.trial_dir(trial.split, trial.task_id, trial.attempt)
+    for step in steps:
+        assert json.loads((folder / "steps" / step / "verifier" / "reward.json").read_text()) == {
+            "reward": 1.0
+        }
+        assert (folder / "steps" / step / "artifacts" / "manifest.json").is_file()
+    doc = json.loads((folder / "result.json").read_text())
+    assert [s["step_name"] for s in doc["step_results"]] == steps
+    report = validate_job(job.root)
+    assert report["errors"] == [] and report["manifests"] == 3
 
 
 def test_artifacts_keep_harbors_manifest(tmp_path):

@@ -141,7 +141,9 @@ def test_per_step_results_reach_the_trial_the_summary_and_harbors_step_results(t
     assert summary.steps["write"].model_dump() == {"trials": 1, "verified": 1, "errors": 0, "mean_reward": 1.0,
                                                    "metrics": {"reward": {"mean": 1.0, "se": None, "n": 1}}}  # fmt: skip
     assert (summary.steps["test"].verified, summary.steps["test"].errors) == (0, 1)
-    assert "step write: 1/1 verified, reward 1.000" in _caption(summary)
+    assert "step write: 1/1 verified, reward 1.000" in _caption(
+        summary
+    ) and "step test: 0/1 verified" in _caption(summary)
     # Harbor's policy voids a trial's reward when one of its steps' verifiers failed; our stats say so too.
     report = validate_job(job.root)
     assert report["errors"] == []

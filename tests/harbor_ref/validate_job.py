@@ -3,7 +3,7 @@ object, everything that fails. Argument: the job folder (or `--trajectory FILE`:
 
 - `harbor view`'s scanner (`harbor/viewer/scanner.py`) must find the job, its config, result and every
   trial; and Harbor's models load each file with errors surfacing (JobConfig, JobResult, TrialConfig,
-  TrialResult; every artifacts/manifest.json entry as an ArtifactManifestEntry);
+  TrialResult; every artifacts/manifest.json entry, a step's too, as an ArtifactManifestEntry);
 - `harbor view`'s own app (`harbor/viewer/server.py` create_app) answers 200 for the job, its trials
   and each trial's result, trajectory and verifier output;
 - every agent/trajectory.json loads as an ATIF `Trajectory` and passes `TrajectoryValidator`;
@@ -137,14 +137,18 @@ def main() -> None:
                 )
                 report["steps_with_tool_calls"] += sum(bool(s.tool_calls) for s in agent)
                 report["observations"] += sum(len(s.observation.results) for s in agent if s.observation)
-        manifest = trial_dir / "artifacts" / "manifest.json"
-        if manifest.exists():
+        for manifest in [
+            trial_dir / "artifacts" / "manifest.json",
+            *trial_dir.glob("steps/*/artifacts/manifest.json"),
+        ]:
+            if not manifest.exists():
+                continue
             report["manifests"] += 1
             try:
                 for entry in json.loads(manifest.read_text()):
                     ArtifactManifestEntry.model_validate(entry)
             except Exception as exc:
-                errors.append(f"{name}/artifacts/manifest.json: {type(exc).__name__}: {exc}")
+                errors.append(f"{manifest.relative_to(job_dir)}: {type(exc).__name__}: {exc}")
     report["trials"] = len(trials)
     errors.extend(viewer_errors(job_dir, names))
     try:
