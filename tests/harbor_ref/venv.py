@@ -43,3 +43,14 @@ def dump_tasks(folders: list[Path], env: dict[str, str] | None = None) -> dict[s
     """Harbor's reading of each task folder: {folder: {"ok", "error", "config", "name", ...}}."""
     out = run_in_harbor("load.py", json.dumps({"folders": [str(f) for f in folders], "env": env or {}}))
     return {row["folder"]: row for row in map(json.loads, out.splitlines())}
+
+
+def validate_job(folder: Path) -> dict:
+    """What Harbor's own models and validators say of a job folder (`validate_job.py`): {"errors": [...],
+    "trials", "trajectories", "agent_steps", ...}; errors is empty when Harbor reads all of it."""
+    return json.loads(run_in_harbor("validate_job.py", str(folder)))
+
+
+def validate_trajectory(path: Path) -> list[str]:
+    """Harbor's errors for one ATIF trajectory file (its model, then its TrajectoryValidator); [] if valid."""
+    return json.loads(run_in_harbor("validate_job.py", "--trajectory", str(path)))["errors"]
