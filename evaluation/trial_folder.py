@@ -3,10 +3,9 @@
 `steps/<step>/verifier/` (the verifier's output and metrics), `artifacts/` and `steps/<step>/artifacts/`
 (the task's artifacts, with Harbor's manifest.json; the server collects them into the trial's folder).
 
-The server hands back the verifier's output as a tail (`harbor_server.rollout_run.LOG_TAIL_CHARS` characters
-of stdout and stderr together, as Harbor's test-stdout.txt merges them) and its metrics as numbers, not the files test.sh left
-in /logs/verifier: test-stdout.txt holds that tail and reward.json those metrics (a reward.txt's one
-number reads back as `{"reward": x}`, as Harbor reads it).
+The server copies /logs/verifier (what test.sh left: reward.txt or reward.json, ...) into the trial folder eval
+names, with Harbor's test-stdout.txt (stdout and stderr together). A result with no such folder (a
+server elsewhere) gets the tail the server hands back and its metrics as reward.json.
 """
 
 from __future__ import annotations
@@ -37,13 +36,16 @@ def write_trial_outputs(trial_dir: Path, outcome: RolloutOutcome, *, harness: st
     write_verifier_dir(trial_dir / "verifier", result.verifier_output, result.rewards)
     for step in result.steps:
         write_verifier_dir(
-            trial_dir / "steps" / safe_name(step.name) / "verifier", step.verifier_output, step.rewards
+            trial_dir / "steps" / step.name / "verifier", step.verifier_output, step.rewards
         )
     if result.artifacts_dir is not None:
         copy_artifacts(Path(result.artifacts_dir), trial_dir)
 
 
 def write_verifier_dir(folder: Path, output: str, rewards: dict[str, float]) -> None:
+    """The verifier's files, unless the server already kept the real ones there (eval asks it to)."""
+    if (folder / "test-stdout.txt").is_file():
+        return
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "test-stdout.txt").write_text(output)
     if rewards:

@@ -384,6 +384,7 @@ class RolloutRunner:
             agent_network=self._agent_network(request),
             agent_timeout_s=request.agent_timeout_sec,
             artifacts_root=root,
+            keep_verifier_files=request.artifacts_dir is not None,
             on_phase=on_phase,
         )
         t0 = time.monotonic()

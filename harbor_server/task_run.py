@@ -17,6 +17,7 @@ capture port. Every failure ends the run with a result, never an exception, exce
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from harbor_server.errors import HarborServerError
 from harnesses import AgentOutcome, AgentRun, Harness
 from harnesses.errors import HarnessConfigError
 from sandboxes import Sandbox, with_default_user
+from sandboxes.errors import SandboxError
 from tasks import Step, Task
 from tasks.errors import TaskEnvError
 from tasks.loader import resolve_env
@@ -40,6 +42,8 @@ from tasks.verifier import (
     process_snapshot,
     verify,
 )
+
+log = logging.getLogger(__name__)
 
 AGENT_TIMEOUT_GRACE_S = 60.0
 """Harnesses enforce the agent timeout inside the sandbox; this backstop fires that much later."""
@@ -100,6 +104,7 @@ class TaskRun:
         agent_network: AgentNetwork,
         agent_timeout_s: float | None,
         artifacts_root: Path | None,
+        keep_verifier_files: bool = False,
         on_phase: Callable[[str], None] = lambda phase: None,
     ) -> None:
         """`run`: what every agent run shares (the proxy URL and key, model, limits); the step fills in
@@ -111,6 +116,9 @@ class TaskRun:
         self.agent_network: AgentNetwork = agent_network
         self.agent_timeout_s = agent_timeout_s
         self.artifacts_root = artifacts_root
+        self.keep_verifier_files = keep_verifier_files and artifacts_root is not None
+        """Copy /logs/verifier into the rollout's folder after each verification (an eval trial's
+        `verifier/`, as Harbor keeps it, with `test-stdout.txt`)."""
         self.on_phase = on_phase
 
     async def run(self) -> TaskRunResult:
@@ -157,6 +165,7 @@ class TaskRun:
             await self._network(policies.verifier)
             phase.verifier = await verify(self.sandbox, self.task, step=step, spare=spare)
             await self._network(policies.baseline)
+            await self._verifier_files(step, phase.verifier)
             phase.timings["verifier"] = time.monotonic() - t0
         except (StepFailed, TaskEnvError) as exc:
             phase.error = str(exc)
@@ -221,6 +230,18 @@ class TaskRun:
                 return
         folder = self.artifacts_root / ("artifacts" if step is None else f"steps/{step.name}/artifacts")
         await collect_artifacts(self.sandbox, entries, folder)
+
+    async def _verifier_files(self, step: Step | None, result: VerifierResult) -> None:
+        if not self.keep_verifier_files or not result.ran:
+            return
+        assert self.artifacts_root is not None
+        folder = self.artifacts_root / ("verifier" if step is None else f"steps/{step.name}/verifier")
+        try:
+            await self.sandbox.download_dir("/logs/verifier", folder)
+        except (SandboxError, OSError) as exc:  # the result is in the store either way
+            log.warning("could not keep the verifier's files of %s: %s", self.task.id, exc)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "test-stdout.txt").write_text(result.stdout + result.stderr)  # Harbor's merged output
 
     async def _network(self, policy: NetworkPolicy) -> None:
         await self.sandbox.apply_network(policy.network_mode, list(policy.allowed_hosts))
