@@ -50,7 +50,7 @@ class AgentProcess:
             timed_out=self.timed_out,
             error=error,
             tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
+            tool_failures_by_name=metrics.failures_by_name,
             log_tail=tail(f"{self.result.stderr}\n{text}"),
         )
 
