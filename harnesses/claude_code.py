@@ -149,9 +149,10 @@ def platform_package() -> str:
 
 
 def render_mcp_config(servers: McpServers) -> dict[str, Any]:
-    """`.claude.json`'s `mcpServers`, as Harbor writes them (`harbor/agents/installed/claude_code.py:1902-1935`):
-    stdio servers by command and args, HTTP ones by type (`streamable-http` is Claude Code's `http`) and
-    URL, each header a `${VAR}` that Claude Code expands from its environment."""
+    """`.claude.json`'s `mcpServers`, as Harbor writes them
+    (`harbor/agents/installed/claude_code.py:1902-1935`): stdio servers by command and args, HTTP ones by
+    type (`streamable-http` is Claude Code's `http`) and URL, each header a `${VAR}` that Claude Code
+    expands from its environment."""
     entries: dict[str, dict[str, Any]] = {}
     for server in servers.servers:
         if server.transport == "stdio":

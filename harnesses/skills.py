@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MISSING = "harbor-rl: no skills folder"
-_COPY = f'if [ -d "$1" ]; then mkdir -p "$2" && cp -r "$1"/* "$2"/ 2>/dev/null; else echo "{_MISSING}"; fi; exit 0'
+_COPY = (
+    f'if [ -d "$1" ]; then mkdir -p "$2" && cp -r "$1"/* "$2"/ 2>/dev/null; else echo "{_MISSING}"; fi; true'
+)
 _warned: set[str] = set()
 
 
