@@ -306,12 +306,12 @@ class RolloutManager:
         task = self._resolve_task(request)
         if request.reward_key is not None:
             task = task.with_reward_key(request.reward_key)
-        harness = self._resolve_harness(request.harness, task)
         backend_name = request.sandbox or self.config.sandbox
         try:
-            check_supported(task, backend_name)
+            check_supported(task, backend_name)  # before the harness's checks: this says more
         except UnsupportedTaskFeature as exc:
             raise BadRolloutRequest(str(exc)) from None
+        harness = self._resolve_harness(request.harness, task)
         backend = self.backend(backend_name)
         if backend_name == "e2b" and self.config.public_url is None:
             raise BadRolloutRequest(

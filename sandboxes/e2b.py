@@ -154,9 +154,9 @@ class E2BBackend:
 
     async def template_for(self, spec: SandboxSpec) -> str:
         """The template alias for `spec`, building it once per content hash."""
+        if spec.docker_image and not spec.docker_image.startswith(BASE_IMAGE_PREFIX):
+            return await self._ensure_template(f"FROM {spec.docker_image}\n", None, spec)  # prebuilt first
         if spec.environment_dir is None:
-            if spec.docker_image and not spec.docker_image.startswith(BASE_IMAGE_PREFIX):
-                return await self._ensure_template(f"FROM {spec.docker_image}\n", None, spec)
             return await self._ensure_template(BASE_REPLACEMENT, None, spec)
         dockerfile = Path(spec.environment_dir) / "Dockerfile"
         if not dockerfile.is_file():

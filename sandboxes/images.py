@@ -82,8 +82,7 @@ class ImageBuilder:
         """The image reference to run for `spec` (blocking: call it in a thread)."""
         deadline = time.monotonic() + spec.build_timeout_s
         if spec.docker_image:
-            image = spec.docker_image
-            self._require_local(image, what=f"docker_image of {spec.name}")
+            image = self._prebuilt(spec, deadline)
         elif spec.environment_dir is not None:
             image = self.task_image(Path(spec.environment_dir), deadline)
         else:
@@ -92,6 +91,28 @@ class ImageBuilder:
         for layer in spec.image_layers:
             image = self.layer_image(image, layer, deadline)
         return image
+
+    def _prebuilt(self, spec: SandboxSpec, deadline: float) -> str:
+        """`docker_image`, pulled when the engine lacks it (as compose's `up` pulls it for Harbor). When it
+        cannot be had and the task ships its environment/Dockerfile, that is built instead, as Harbor's
+        `--force-build` builds it."""
+        image = spec.docker_image
+        assert image is not None
+        if self._exists(image):
+            return image
+        try:
+            self.client.images.pull(image)
+            return image
+        except Exception as exc:  # the SDK raises APIError, requests' errors, ...: all mean "not here"
+            problem = str(exc).splitlines()[0][:300]
+        dockerfile = Path(spec.environment_dir) / "Dockerfile" if spec.environment_dir else None
+        if dockerfile is None or not dockerfile.is_file():
+            raise SandboxBuildError(
+                f"docker_image of {spec.name}: {image} is not in the Docker engine and could not be pulled "
+                f"({problem}); pull or load it first"
+            )
+        log.warning("docker_image %s could not be pulled (%s); building %s instead", image, problem, dockerfile)
+        return self.task_image(Path(spec.environment_dir), deadline)
 
     def task_image(self, environment_dir: Path, deadline: float) -> str:
         dockerfile = environment_dir / "Dockerfile"

@@ -200,7 +200,8 @@ class Task:
         budget_s = sum(self.agent_timeout_for(s) + self.verifier_timeout_for(s) for s in phases)
         return SandboxSpec(
             name=name,
-            environment_dir=None if uses_image else self.paths.environment_dir,
+            # With a prebuilt image the Dockerfile (when there is one) is the fallback build.
+            environment_dir=self.paths.environment_dir if self.paths.dockerfile.is_file() or not uses_image else None,
             compose_file=self.paths.compose_file,
             docker_image=env.docker_image,
             workdir=self.workdir,
