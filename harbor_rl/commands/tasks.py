@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -136,24 +137,55 @@ def _row(task, backend: str) -> dict:
     return row
 
 
+@dataclass(frozen=True)
+class _Sanity:
+    """One oracle or nop rollout of a task, and whether it scored what it must."""
+
+    passed: bool
+    shown: str
+    """Its reward, or each metric of a multi-metric one ("correctness 1, performance 1")."""
+    duration_s: float
+    error: str | None
+
+
+_WANT = {"oracle": 1.0, "nop": 0.0}
+
+
 async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: int) -> dict:
+    """Each (task, agent) through an in-process server, as `harbor serve` and `harbor eval` run tasks
+    (steps, healthchecks, phase networks, the task's own verifier): the oracle must score 1.0 on every
+    metric it reports, nop 0.0."""
     import asyncio
 
-    from sandboxes import get_backend
-    from tasks import sanity_check
+    from evaluation.rollouts import UNUSED_ENGINE_URL, UNUSED_MODEL, LocalHarbor
+    from harbor_server import RolloutRequest
+    from tasks import Dataset
 
-    backend = get_backend(backend_name)
-    await backend.health()
+    dataset = Dataset(source="tasks check", split="check", tasks=tuple(tasks))
     gate = asyncio.Semaphore(concurrency)
+    async with LocalHarbor(
+        {"check": dataset}, sandbox=backend_name, llm_url=UNUSED_ENGINE_URL, model=UNUSED_MODEL,
+        max_concurrent=concurrency, store_url="sqlite://",
+    ) as harbor:  # fmt: skip
 
-    async def one(task, agent):
-        if agent == "oracle" and not task.has_solution:
-            return None
-        async with gate:
-            return await sanity_check(task, backend, agent)
+        async def one(task, agent):
+            if agent == "oracle" and not task.has_solution:
+                return None
+            async with gate:
+                request = RolloutRequest(split="check", task_id=task.id, harness=agent, purpose="eval")
+                result = (await harbor.run(request)).result
+            metrics = result.rewards
+            passed = (
+                result.error is None and bool(metrics) and all(v == _WANT[agent] for v in metrics.values())
+            )
+            if result.env_reward is not None:
+                shown = f"{result.env_reward:g}"
+            else:
+                shown = ", ".join(f"{k} {v:g}" for k, v in metrics.items()) or "None"
+            return _Sanity(passed, shown, result.timings.get("total", 0.0), result.error)
 
-    pairs = [(task, agent) for task in tasks for agent in agents]
-    results = await asyncio.gather(*(one(task, agent) for task, agent in pairs))
+        pairs = [(task, agent) for task in tasks for agent in agents]
+        results = await asyncio.gather(*(one(task, agent) for task, agent in pairs))
     return {(task.id, agent): result for (task, agent), result in zip(pairs, results, strict=True) if result}
 
 
@@ -174,10 +206,9 @@ def _table(dataset: str, rows: list[dict], agents: list[str]):
             if outcome is None:
                 cells.append("-")
             elif outcome.passed:
-                cells.append(f"[green]{outcome.reward:g}[/] ({outcome.duration_s:.1f}s)")
+                cells.append(f"[green]{outcome.shown}[/] ({outcome.duration_s:.1f}s)")
             else:
-                shown = "None" if outcome.reward is None else f"{outcome.reward:g}"
-                cells.append(f"[red]{shown}[/] {outcome.error or ''}".strip())
+                cells.append(f"[red]{outcome.shown}[/] {outcome.error or ''}".strip())
         cells.append(row["notes"])
         table.add_row(*cells)
     return table
