@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 async def translate_call(service: CaptureService, dialect: Dialect, headers: Headers, raw: bytes) -> Response:
     """Answer one agent call of `dialect` through the chat capture path."""
     try:
-        body = parse_body(raw)
-        chat = dialect.to_chat(body)
+        request = dialect.parse(parse_body(raw))
+        chat = dialect.to_chat(request)
     except ProxyRequestError as exc:
         service.metrics.error("bad_request")
         service.metrics.request(dialect.name, exc.status)
@@ -41,10 +41,10 @@ async def translate_call(service: CaptureService, dialect: Dialect, headers: Hea
         return _error_from_chat(dialect, reply)
     if not chat.get("stream"):
         return Response(
-            orjson.dumps(dialect.from_chat(orjson.loads(reply.body), body)), media_type="application/json"
+            orjson.dumps(dialect.from_chat(orjson.loads(reply.body), request)), media_type="application/json"
         )
     return StreamingResponse(
-        _translated(_chunks_of(reply), dialect.stream(body)),
+        _translated(_chunks_of(reply), dialect.stream(request)),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
