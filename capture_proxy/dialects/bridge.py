@@ -9,14 +9,14 @@ chat turn is, and a stream's closing events still leave only once its turn is st
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
 
-from capture_proxy.calls import parse_body
-from capture_proxy.dialects.base import Dialect, DialectStream
+from capture_proxy.calls import forwarded, parse_body
+from capture_proxy.dialects.base import Dialect, DialectStream, invalid
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.responses import SSE_HEADERS
 from capture_proxy.streaming import DONE, SSEDecoder
@@ -28,15 +28,12 @@ if TYPE_CHECKING:
 async def translate_call(service: CaptureService, dialect: Dialect, headers: Headers, raw: bytes) -> Response:
     """Answer one agent call of `dialect` through the chat capture path."""
     try:
-        request = dialect.parse(parse_body(raw))
-        chat = dialect.to_chat(request)
+        request, chat, content = _chat_request(dialect, raw)
     except ProxyRequestError as exc:
         service.metrics.error("bad_request")
         service.metrics.request(dialect.name, exc.status)
         return dialect.error(exc.status, exc.message, exc.code, exc.param)
-    reply = await service.chat_completions(
-        dialect.authorization(headers), orjson.dumps(chat), dialect=dialect.name
-    )
+    reply = await service.chat_completions(dialect.authorization(headers), content, dialect=dialect.name)
     if reply.status_code >= 400:
         return _error_from_chat(dialect, reply)
     if not chat.get("stream"):
@@ -48,6 +45,17 @@ async def translate_call(service: CaptureService, dialect: Dialect, headers: Hea
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
+
+
+def _chat_request(dialect: Dialect, raw: bytes) -> tuple[Any, dict, bytes]:
+    """The agent's request, checked, and the chat request it becomes (and its JSON); ProxyRequestError
+    (400) if either cannot be: a body that does not fit the dialect's shape, or one nested too deeply."""
+    request = dialect.parse(parse_body(raw))
+    try:
+        chat = dialect.to_chat(request)
+    except RecursionError:  # a tool input nested about a thousand levels deep
+        raise invalid("the request is nested too deeply to forward") from None
+    return request, chat, forwarded(chat)
 
 
 def _error_from_chat(dialect: Dialect, reply: Response) -> Response:
