@@ -112,7 +112,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
@@ -149,7 +149,8 @@ def _tool_arguments(tool: dict) -> str:
     required = params.get("required") or list(props)
     args: dict[str, Any] = {}
     for name in required:
-        kind = (props.get(name) or {}).get("type")
+        prop = props.get(name)
+        kind = prop.get("type") if isinstance(prop, dict) else None  # `true` is a schema too
         args[name] = 1 if kind == "integer" else True if kind == "boolean" else "echo hello"
     return orjson.dumps(args).decode()
 
