@@ -78,6 +78,10 @@ def _check_int(body: dict, key: str, bounds: tuple[int, int] | None = None) -> N
         raise bad_request(f"'{key}' must be between {bounds[0]} and {bounds[1]}, got {v}", key)
 
 
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id the store keeps (int32, store/codec.py); no vocabulary comes near. An engine
+echoes a prompt's ids back, so a larger one would be answered and then fail to be stored."""
+
 MAX_TOP_LOGPROBS = 20
 """OpenAI's bound on `top_logprobs`, and vLLM's default `max_logprobs`: the engine answers each token
 with this many alternatives, so a huge one would hold it for as long as it takes to list them."""
@@ -216,10 +220,11 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
             )
         if isinstance(prompt, list) and not (
             (len(prompt) == 1 and isinstance(prompt[0], str))
-            or all(type(t) is int and t >= 0 for t in prompt)
+            or all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in prompt)
         ):
             raise bad_request(
-                "'prompt' as an array must hold one string or non-negative integer token ids", "prompt"
+                f"'prompt' as an array must hold one string or token ids (integers from 0 to {MAX_TOKEN_ID})",
+                "prompt",
             )
         _check_int(body, "logprobs")
     for key in ("stream", "return_token_ids"):

@@ -112,7 +112,8 @@ def test_malformed_messages_and_tools_are_400_and_never_reach_the_engine(live_pr
     assert (record.num_turns, record.error) == (0, None)
 
 
-@pytest.mark.parametrize("prompt", [[3.0], [-1], [True], [{"text": "hi"}], [3, 4.5]])
+# 2**31 and beyond: found by the mutation fuzzer; the engine echoed them, the store could not keep them (500)
+@pytest.mark.parametrize("prompt", [[3.0], [-1], [True], [{"text": "hi"}], [3, 4.5], [2**31], [72, 2**63]])
 def test_malformed_completion_prompts_are_400_and_never_reach_the_engine(live_proxy, imitation, prompt):
     session = live_proxy.create()
     r = httpx.post(
