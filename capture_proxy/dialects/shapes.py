@@ -65,8 +65,11 @@ def tagged(
     `default(item)` gives the tag of an item that has none."""
     tags = {tag: model for model in models for tag in _literals(model.model_fields[key].annotation)}
     members = tuple(Annotated[model, Tag(tag)] for tag, model in tags.items())
+    own_tag = {model: tag for tag, model in reversed(tags.items())}
 
     def tag_of(item: Any) -> str | None:
+        if isinstance(item, Shape):  # a parsed request written back (a Responses reply echoes it)
+            return own_tag.get(type(item))
         if not isinstance(item, dict):
             return None
         tag = item.get(key)
