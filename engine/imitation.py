@@ -100,11 +100,13 @@ def encode(text: str) -> list[int]:
     return [b + BYTE_OFFSET for b in text.encode()]
 
 
+_SPECIAL = {0: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+
+
 def decode_token(tid: int) -> str:
-    if tid == IM_START:
-        return "<|im_start|>"
-    if tid == IM_END:
-        return "<|im_end|>"
+    """Any id of the vocabulary: a top-logprob alternative near its end wraps round to the special ids."""
+    if tid < BYTE_OFFSET:
+        return _SPECIAL[tid]
     return bytes([tid - BYTE_OFFSET]).decode("utf-8", errors="replace")
 
 
