@@ -145,18 +145,17 @@ _ASSISTANT_BLOCKS = [
     _obj(["type", "thinking", "signature"], type=_kind("thinking"), thinking=_TEXT, signature=_TEXT),
     _obj(["type", "data"], type=_kind("redacted_thinking"), data=_TEXT),
 ]
+
+
+def _turn(role: str, blocks: list[dict]) -> dict:
+    """A message of `role`: a string, or an array of the blocks that role may send."""
+    return _obj(["role", "content"], role=_kind(role), content={"anyOf": [_TEXT, _array({"anyOf": blocks})]})
+
+
 _ANTHROPIC_MESSAGE = {
     "anyOf": [
-        _obj(
-            ["role", "content"],
-            role=_kind("user"),
-            content={"anyOf": [_TEXT, _array({"anyOf": [_TEXT_BLOCK, _IMAGE_BLOCK, _TOOL_RESULT_BLOCK]})]},
-        ),
-        _obj(
-            ["role", "content"],
-            role=_kind("assistant"),
-            content={"anyOf": [_TEXT, _array({"anyOf": _ASSISTANT_BLOCKS})]},
-        ),
+        _turn("user", [_TEXT_BLOCK, _IMAGE_BLOCK, _TOOL_RESULT_BLOCK]),
+        _turn("assistant", _ASSISTANT_BLOCKS),
     ]
 }
 MESSAGES_REQUEST = _obj(
