@@ -99,7 +99,7 @@ def parse_request(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise refusal(exc.errors(include_url=False), body) from None
+        raise _refusal(exc.errors(include_url=False), body) from None
 
 
 # -- the refusal ---------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ _REWORDED = (
 )
 
 
-def refusal(errors: Sequence[dict], body: dict) -> ProxyRequestError:
+def _refusal(errors: Sequence[dict], body: dict) -> ProxyRequestError:
     """The 400 for pydantic's `errors` on `body`: the most specific problems first, each naming its
     field; `param` is the first one's, `code` says whether it is a kind the proxy does not support."""
     problems: dict[tuple, list[dict]] = {}
@@ -209,7 +209,8 @@ def _kind_phrase(where: str, error: dict) -> tuple[str, str, str]:
         return f"'{at}' is required", at, "invalid_request"
     if not isinstance(tag, str):
         return f"'{at}' must be a string", at, "invalid_request"
-    return f"{where}: {what} {tag!r} is not supported by the capture proxy", where, "unsupported"
+    shown = repr(tag) if len(tag) <= 40 else repr(tag[:40]) + "..."
+    return f"{where}: {what} {shown} is not supported by the capture proxy", where, "unsupported"
 
 
 def _listed(options: list[str]) -> str:
@@ -218,14 +219,4 @@ def _listed(options: list[str]) -> str:
     return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]
 
 
-__all__ = [
-    "INT64_MAX",
-    "Int64",
-    "NonEmptyStr",
-    "PositiveInt",
-    "Shape",
-    "ToolSchema",
-    "parse_request",
-    "refusal",
-    "tagged",
-]
+__all__ = ["Int64", "NonEmptyStr", "PositiveInt", "Shape", "ToolSchema", "parse_request", "tagged"]

@@ -435,3 +435,52 @@ async def test_a_translation_failing_midway_still_ends_with_the_error_event(dial
     assert name in ("error", "response.failed")
     assert "could not translate the engine's stream" in orjson.dumps(data).decode()
     assert read[-1] == b"[DONE]"
+
+
+# -- bad values, refused naming their field ----------------------------------------------------------
+
+_MESSAGE = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+_RESPONSE = {"model": "m", "input": "hi"}
+
+
+def _user(content) -> dict:
+    return {**_MESSAGE, "messages": [{"role": "user", "content": content}]}
+
+
+BAD_VALUES = [
+    # (route, body, the field named, words of the message)
+    ("messages", _user([{"type": "text", "text": 5}]), "messages[0].content[0].text", "must be a string"),
+    ("messages", _user(5), "messages[0].content", "must be a string or an array"),
+    ("messages", {**_MESSAGE, "messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role",
+     "must be 'user', 'assistant' or 'system'"),
+    ("messages", {**_MESSAGE, "tools": [{"name": "t", "input_schema": {"properties": []}}]},
+     "tools[0].input_schema.properties", "must be an object"),
+    ("messages", {**_MESSAGE, "tool_choice": {"type": "tool"}}, "tool_choice.name", "is required"),
+    ("messages", {**_MESSAGE, "top_k": 2**63}, "top_k", "less than or equal to"),
+    ("responses", {**_RESPONSE, "input": [{"role": "user", "content": [{"type": "input_text", "text": [1]}]}]},
+     "input[0].content[0].text", "must be a string"),
+    ("responses", {**_RESPONSE, "input": [{"type": [1]}]}, "input[0].type", "must be a string"),
+    ("responses", {**_RESPONSE, "tools": [{"type": "web_search"}]}, "tools[0]", "is not supported"),
+    ("responses", {**_RESPONSE, "tool_choice": {"type": "file_search"}}, "tool_choice", "is not supported"),
+    ("responses", {**_RESPONSE, "metadata": {"run": 5}}, "metadata.run", "must be a string"),
+    ("responses", {**_RESPONSE, "max_output_tokens": 2**63}, "max_output_tokens", "less than or equal to"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("route", "body", "field", "words"), BAD_VALUES)
+def test_a_bad_value_is_refused_in_the_dialects_shape_naming_its_field(
+    proxy, imitation, route, body, field, words
+):
+    session = proxy.create()
+    headers = {"Authorization": f"Bearer {session.api_key}"}
+    reply = httpx.post(f"{proxy.url}/v1/{route}", content=orjson.dumps(body), headers=headers)
+    assert reply.status_code == 400, reply.text
+    if route == "messages":  # Anthropic's errors carry no param: the message names the field
+        error = reply.json()["error"]
+        assert reply.json()["type"] == "error" and error["type"] == "invalid_request_error"
+    else:
+        error = reply.json()["error"]
+        assert error["param"] == field
+    assert field in error["message"] and words in error["message"], error["message"]
+    assert imitation.requests() == []
+    assert proxy.store.get_session(session.session_id).num_turns == 0
