@@ -96,7 +96,7 @@ def _tool(parameters: dict) -> dict:
         ({"messages": [USER], "tools": [_tool({"properties": 5})]}, "parameters.properties"),
         ({"messages": [USER], "tools": [_tool({"required": 2**63})]}, "parameters.required"),
         ({"messages": [USER], "tools": [_tool({})], "tool_choice": {"function": "f"}}, "'tool_choice'"),
-        # the engine answered a million alternatives per token: held until the proxy's timeout, 504
+        # the engine listed a million alternatives per token, holding the call for minutes
         ({"messages": [USER], "logprobs": True, "top_logprobs": 10**6}, "'top_logprobs' must be between"),
     ],
 )
