@@ -23,6 +23,8 @@ class ModelCall:
     endpoint: Endpoint
     request: dict
     upstream: dict
+    content: bytes
+    """`upstream` as the JSON the engine gets."""
     sampling: dict
     wants: Wants
     streamed: bool
@@ -38,6 +40,17 @@ def parse_body(raw: bytes) -> Any:
         raise ProxyRequestError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
 
 
+def forwarded(upstream: dict) -> bytes:
+    """The request as the engine gets it. orjson writes at most 254 levels of nesting and reads 1024, so
+    a body can parse and still not be forwarded (or stored): that is the agent's 400, not a crash."""
+    try:
+        return orjson.dumps(upstream)
+    except orjson.JSONEncodeError as exc:
+        raise ProxyRequestError(
+            400, f"request body cannot be forwarded: {exc} (nested too deeply?)", code="invalid_request"
+        ) from exc
+
+
 def accept_call(
     live: LiveSession, endpoint: Endpoint, raw: bytes, dialect: str | None = None
 ) -> ModelCall | None:
@@ -49,6 +62,7 @@ def accept_call(
     upstream, sampling, wants = rewrite_request(
         body, endpoint=endpoint, model=live.model, purpose=live.purpose, sampling=live.sampling
     )
+    content = forwarded(upstream)
     live.calls += 1
     seq = live.next_seq
     live.next_seq += 1
@@ -58,6 +72,7 @@ def accept_call(
         endpoint,
         body,
         upstream,
+        content,
         sampling,
         wants,
         bool(body.get("stream")),

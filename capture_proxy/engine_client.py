@@ -85,7 +85,7 @@ class EngineClient:
         """
         base = call.live.base
         if call.live.purpose == "eval" and base in self._plain_upstreams:
-            call.upstream.pop("return_token_ids", None)
+            _without_token_ids(call)
         resp = await post(call)
         if resp.status_code != 400 or call.live.purpose != "eval" or "return_token_ids" not in call.upstream:
             return resp
@@ -102,7 +102,7 @@ class EngineClient:
             )
         log.warning("upstream %s refuses return_token_ids; eval calls to it go without", base)
         self._plain_upstreams.add(base)
-        call.upstream.pop("return_token_ids")
+        _without_token_ids(call)
         return await post(call)
 
     async def _whole(self, call: ModelCall) -> Reply:
@@ -125,7 +125,7 @@ class EngineClient:
         reply = await self.transport.post(
             key,
             head,
-            orjson.dumps(call.upstream),
+            call.content,
             connect_timeout=self._connect_timeout,
             read_timeout=self._read_timeout,
         )
@@ -137,7 +137,7 @@ class EngineClient:
         return reply
 
     async def _streamed(self, call: ModelCall) -> httpx.Response:
-        content = orjson.dumps(call.upstream)
+        content = call.content
         if self.transport is not None:
             key = (call.live.base, call.endpoint)
             url = self._urls.get(key)
@@ -150,3 +150,9 @@ class EngineClient:
         url = call.live.base + _SAMPLING_ROUTES[call.endpoint]
         request = self._client.build_request("POST", url, content=content, headers=call.live.headers)
         return await self._client.send(request, stream=True)
+
+
+def _without_token_ids(call: ModelCall) -> None:
+    """The call as sent to an upstream that refuses vLLM's `return_token_ids`."""
+    if call.upstream.pop("return_token_ids", None) is not None:
+        call.content = orjson.dumps(call.upstream)

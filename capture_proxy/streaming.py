@@ -57,6 +57,14 @@ class SSEDecoder:
         return bool(self._buf.strip())
 
 
+def _text(piece: Any) -> str:
+    """A piece of the completion's text: a string, or the event is malformed (TypeError, which `relay`
+    makes a transport failure), never a value that breaks the reply merged from the pieces later."""
+    if type(piece) is not str:
+        raise TypeError(f"expected a string, got {type(piece).__name__}")
+    return piece
+
+
 class StreamAssembler:
     """Builds the turn from the chunks of one streamed completion and strips them for the agent."""
 
@@ -166,13 +174,13 @@ class StreamAssembler:
                 if delta:
                     content = delta.get("content")
                     if content:
-                        self.text.append(content)
+                        self.text.append(_text(content))
                     if "reasoning" in delta or "tool_calls" in delta:
                         self._absorb_delta(delta)
             else:
                 text = choice.get("text")
                 if text:
-                    self.text.append(text)
+                    self.text.append(_text(text))
         return changed
 
     def _absorb_completion_logprobs(self, lp: dict) -> None:
@@ -184,7 +192,7 @@ class StreamAssembler:
     def _absorb_delta(self, delta: dict) -> None:
         """The rarer parts of a chat delta: reasoning text and tool-call pieces."""
         if delta.get("reasoning"):
-            self.reasoning.append(delta["reasoning"])
+            self.reasoning.append(_text(delta["reasoning"]))
         if "tool_calls" not in delta:
             return
         for tc in delta["tool_calls"] or ():
@@ -192,12 +200,12 @@ class StreamAssembler:
                 tc.get("index", 0), {"id": None, "type": "function", "name": "", "arguments": []}
             )
             if tc.get("id"):
-                slot["id"] = tc["id"]
+                slot["id"] = _text(tc["id"])
             fn = tc.get("function") or {}
             if fn.get("name"):
-                slot["name"] = fn["name"]
+                slot["name"] = _text(fn["name"])
             if fn.get("arguments"):
-                slot["arguments"].append(fn["arguments"])
+                slot["arguments"].append(_text(fn["arguments"]))
 
     def capture(self) -> Capture:
         if self._capture is not None:

@@ -68,10 +68,39 @@ def _check_number(body: dict, key: str) -> None:
         raise bad_request(f"'{key}' must be a number, got {type(v).__name__}", key)
 
 
-def _check_int(body: dict, key: str) -> None:
+def _check_int(body: dict, key: str, bounds: tuple[int, int] | None = None) -> None:
     v = body.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int):
         raise bad_request(f"'{key}' must be an integer, got {type(v).__name__}", key)
+    if bounds is not None and not bounds[0] <= v <= bounds[1]:
+        raise bad_request(f"'{key}' must be between {bounds[0]} and {bounds[1]}, got {v}", key)
+
+
+MAX_TOKEN_ID = 2**31 - 1
+"""The largest token id the store keeps (int32, store/codec.py); no vocabulary comes near. An engine
+echoes a prompt's ids back, so a larger one would be answered and then fail to be stored."""
+
+MAX_TOP_LOGPROBS = 20
+"""OpenAI's bound on `top_logprobs`, and vLLM's default `max_logprobs`: the engine answers each token
+with this many alternatives, so a huge one would hold it for as long as it takes to list them."""
+
+
+def _check_str(m: dict, key: str, where: str) -> None:
+    v = m.get(key)
+    if v is not None and not isinstance(v, str):
+        raise bad_request(f"{where}.{key} must be a string, got {type(v).__name__}", f"{where}.{key}")
+
+
+def _check_parts(parts: list, where: str) -> None:
+    """Content parts: objects with a string `type`; a text part's `text` is a string (the template
+    joins them)."""
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise bad_request(f"{where}[{j}] must be an object with a string 'type'", f"{where}[{j}]")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
 
 
 def _check_message(m: dict, i: int) -> None:
@@ -82,6 +111,10 @@ def _check_message(m: dict, i: int) -> None:
         raise bad_request(
             f"messages[{i}].content must be a string, an array of parts or null", f"messages[{i}]"
         )
+    if isinstance(content, list):
+        _check_parts(content, f"messages[{i}].content")
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        _check_str(m, key, f"messages[{i}]")
     calls = m.get("tool_calls")
     if calls is None:
         return
@@ -98,6 +131,49 @@ def _check_message(m: dict, i: int) -> None:
             raise bad_request(
                 f"messages[{i}].tool_calls[{j}].function.arguments must be a string", f"messages[{i}]"
             )
+
+
+def _check_tool(tool: Any, i: int) -> None:
+    """A function tool: its name, and the parts of its JSON schema the chat template and the tool parser
+    read (`properties`, each an object or a boolean schema, and `required`, names)."""
+    fn = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(
+            f"tools[{i}] must be an object with a 'function' that has a string 'name'", f"tools[{i}]"
+        )
+    where = f"tools[{i}].function"
+    _check_str(fn, "description", where)
+    schema = fn.get("parameters")
+    if schema is None:
+        return
+    if not isinstance(schema, dict):
+        raise bad_request(f"{where}.parameters must be an object", f"{where}.parameters")
+    properties = schema.get("properties")
+    if properties is not None and not (
+        isinstance(properties, dict) and all(isinstance(p, dict | bool) for p in properties.values())
+    ):
+        raise bad_request(
+            f"{where}.parameters.properties must be an object of schemas", f"{where}.parameters.properties"
+        )
+    required = schema.get("required")
+    if required is not None and not (
+        isinstance(required, list) and all(isinstance(r, str) for r in required)
+    ):
+        raise bad_request(
+            f"{where}.parameters.required must be an array of strings", f"{where}.parameters.required"
+        )
+
+
+def _check_tool_choice(choice: Any) -> None:
+    if choice is None or choice in ("none", "auto", "required"):
+        return
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)):
+        raise bad_request(
+            "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": "
+            '{"name": ...}}',
+            "tool_choice",
+        )
 
 
 def validate_request(body: Any, endpoint: Endpoint) -> None:
@@ -123,15 +199,15 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be an array", "tools")
         for i, tool in enumerate(tools or ()):
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise bad_request(
-                    f"tools[{i}] must be an object with a 'function' that has a string 'name'", f"tools[{i}]"
-                )
+            _check_tool(tool, i)
+        _check_tool_choice(body.get("tool_choice"))
         lp = body.get("logprobs")
         if lp is not None and not isinstance(lp, bool):
             raise bad_request("'logprobs' must be a boolean", "logprobs")
-        _check_int(body, "top_logprobs")
+        _check_int(body, "top_logprobs", (0, MAX_TOP_LOGPROBS))
+        ctk = body.get("chat_template_kwargs")
+        if ctk is not None and not isinstance(ctk, dict):
+            raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     else:
         prompt = body.get("prompt")
         if prompt is None:
@@ -144,15 +220,22 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
             )
         if isinstance(prompt, list) and not (
             (len(prompt) == 1 and isinstance(prompt[0], str))
-            or all(type(t) is int and t >= 0 for t in prompt)
+            or all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in prompt)
         ):
             raise bad_request(
-                "'prompt' as an array must hold one string or non-negative integer token ids", "prompt"
+                f"'prompt' as an array must hold one string or token ids (integers from 0 to {MAX_TOKEN_ID})",
+                "prompt",
             )
         _check_int(body, "logprobs")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
+    for key in ("stream", "return_token_ids"):
+        flag = body.get(key)
+        if flag is not None and not isinstance(flag, bool):
+            raise bad_request(f"'{key}' must be a boolean", key)
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise bad_request("'stop' must be a string or an array of strings", "stop")
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")

@@ -100,11 +100,13 @@ def encode(text: str) -> list[int]:
     return [b + BYTE_OFFSET for b in text.encode()]
 
 
+_SPECIAL = {0: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
+
+
 def decode_token(tid: int) -> str:
-    if tid == IM_START:
-        return "<|im_start|>"
-    if tid == IM_END:
-        return "<|im_end|>"
+    """Any id of the vocabulary: a top-logprob alternative near its end wraps round to the special ids."""
+    if tid < BYTE_OFFSET:
+        return _SPECIAL[tid]
     return bytes([tid - BYTE_OFFSET]).decode("utf-8", errors="replace")
 
 
@@ -112,7 +114,7 @@ def _content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return ""
 
 
@@ -149,7 +151,8 @@ def _tool_arguments(tool: dict) -> str:
     required = params.get("required") or list(props)
     args: dict[str, Any] = {}
     for name in required:
-        kind = (props.get(name) or {}).get("type")
+        prop = props.get(name)
+        kind = prop.get("type") if isinstance(prop, dict) else None  # `true` is a schema too
         args[name] = 1 if kind == "integer" else True if kind == "boolean" else "echo hello"
     return orjson.dumps(args).decode()
 

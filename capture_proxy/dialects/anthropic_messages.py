@@ -27,21 +27,9 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from capture_proxy.dialects.base import (
-    arguments_object,
-    arguments_text,
-    bearer_from,
-    chat_tools,
-    copy_sampling,
-    invalid,
-    request_model,
-    require_dict,
-    require_list,
-    require_str,
-    set_stream,
-    sse,
-    unsupported,
-)
+from capture_proxy.dialects import anthropic_request as shape
+from capture_proxy.dialects.base import arguments_object, arguments_text, bearer_from, sse, stream_fields
+from capture_proxy.dialects.shapes import parse_request
 from capture_proxy.responses import json_response
 
 _STOP_REASONS = {
@@ -109,14 +97,13 @@ def _without_added_defaults(value: Any, sent: dict, defaults: dict[str, Any] | N
     return {k: v for k, v in value.items() if k in sent or k not in defaults or defaults[k] != v}
 
 
-def _input_defaults(tools: Any) -> dict[str, dict[str, Any]]:
+def _input_defaults(tools: list[shape.CustomTool] | None) -> dict[str, dict[str, Any]]:
     """Tool name -> {property: default} from the request's tool schemas (what an agent may fill in)."""
     found: dict[str, dict[str, Any]] = {}
-    for tool in tools if isinstance(tools, list) else []:
-        schema = tool.get("input_schema") if isinstance(tool, dict) else None
-        properties = schema.get("properties") if isinstance(schema, dict) else None
-        if isinstance(properties, dict):
-            found[str(tool.get("name"))] = {
+    for tool in tools or ():
+        properties = tool.input_schema.properties if tool.input_schema else None
+        if properties:
+            found[tool.name] = {
                 k: p["default"] for k, p in properties.items() if isinstance(p, dict) and "default" in p
             }
     return found
@@ -134,41 +121,35 @@ class AnthropicMessages:
 
     # -- request ---------------------------------------------------------------------------------
 
-    def to_chat(self, body: Any) -> dict:
-        model = request_model(body)
-        max_tokens = body.get("max_tokens")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise invalid("'max_tokens' is required and must be a positive integer", "max_tokens")
-        messages = require_list(body.get("messages"), "messages")
-        if not messages:
-            raise invalid("'messages' must be a non-empty array", "messages")
+    def parse(self, body: Any) -> shape.MessagesRequest:
+        return parse_request(shape.MessagesRequest, body)
+
+    def to_chat(self, request: shape.MessagesRequest) -> dict:
         chat: list[dict] = []
-        system = body.get("system")
-        if system is not None:
-            text = _BILLING_LINE.sub("", _system_text(system))
+        if request.system is not None:
+            text = _BILLING_LINE.sub("", _joined(request.system))
             if text:
                 chat.append({"role": "system", "content": text})
-        defaults = _input_defaults(body.get("tools"))
-        for i, message in enumerate(messages):
-            chat += _message(require_dict(message, f"messages[{i}]"), i, defaults)
-        out: dict[str, Any] = {"model": model, "messages": chat, "max_tokens": max_tokens}
-        copy_sampling(body, out, {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"})
-        if body.get("stop_sequences") is not None:
-            out["stop"] = require_list(body["stop_sequences"], "stop_sequences")
-        tools = chat_tools(body, _tool)
-        if tools:
-            out["tools"] = tools
-            if body.get("tool_choice") is not None:
-                out.update(_tool_choice(require_dict(body["tool_choice"], "tool_choice")))
-        thinking = body.get("thinking")
-        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive", "disabled"):
-            out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}
-        set_stream(body, out)
+        defaults = _input_defaults(request.tools)
+        for message in request.messages:
+            chat += _message(message, defaults)
+        out: dict[str, Any] = {"model": request.model, "messages": chat, "max_tokens": request.max_tokens}
+        sampling = {"temperature": request.temperature, "top_p": request.top_p, "top_k": request.top_k}
+        out.update({k: v for k, v in sampling.items() if v is not None})
+        if request.stop_sequences is not None:
+            out["stop"] = request.stop_sequences
+        if request.tools:
+            out["tools"] = [_tool(tool) for tool in request.tools]
+            if request.tool_choice is not None:
+                out.update(_tool_choice(request.tool_choice))
+        if request.thinking is not None:
+            out["chat_template_kwargs"] = {"enable_thinking": request.thinking.type != "disabled"}
+        out.update(stream_fields(request.stream))
         return out
 
     # -- reply -----------------------------------------------------------------------------------
 
-    def from_chat(self, reply: dict, request: dict) -> dict:
+    def from_chat(self, reply: dict, request: shape.MessagesRequest) -> dict:
         choice = reply["choices"][0]
         message = choice.get("message") or {}
         content: list[dict] = []
@@ -194,15 +175,15 @@ class AnthropicMessages:
             "id": _message_id(),
             "type": "message",
             "role": "assistant",
-            "model": request.get("model", ""),
+            "model": request.model,
             "content": content,
             "stop_reason": stop_reason,
             "stop_sequence": stop_sequence,
             "usage": _usage(reply.get("usage") or {}),
         }
 
-    def stream(self, request: dict) -> _MessageStream:
-        return _MessageStream(request.get("model", ""))
+    def stream(self, request: shape.MessagesRequest) -> _MessageStream:
+        return _MessageStream(request.model)
 
     def error(self, status: int, message: str, code: str | None, param: str | None = None) -> Response:
         return json_response(_error_body(status, message), status)
@@ -246,65 +227,37 @@ def _stop(choice: dict) -> tuple[str | None, str | None]:
 # -- request pieces --------------------------------------------------------------------------------
 
 
-def _system_text(system: Any, where: str = "system") -> str:
-    if isinstance(system, str):
-        return system
-    blocks = require_list(system, where)
-    texts = []
-    for i, block in enumerate(blocks):
-        block = require_dict(block, f"{where}[{i}]")
-        if block.get("type") != "text":
-            raise invalid(f"{where}[{i}] must be a text block", f"{where}[{i}]")
-        texts.append(require_str(block.get("text"), f"{where}[{i}].text"))
-    return "\n".join(texts)
+def _joined(content: str | list[shape.TextBlock]) -> str:
+    """A system prompt or message as one string: its text blocks joined by newlines."""
+    return content if isinstance(content, str) else "\n".join(block.text for block in content)
 
 
-def _message(message: dict, i: int, defaults: dict[str, dict[str, Any]]) -> list[dict]:
+def _message(message: Any, defaults: dict[str, dict[str, Any]]) -> list[dict]:
     """The chat messages for one Anthropic message (a user turn with tool results becomes several)."""
-    role = message.get("role")
-    if role not in ("user", "assistant", "system"):
-        # `system` mid-conversation: Claude Code sends its environment notes so, after the first prompt.
-        raise invalid(f"messages[{i}].role must be 'user', 'assistant' or 'system'", f"messages[{i}].role")
-    content = message.get("content")
-    if isinstance(content, str):
-        return [{"role": role, "content": content}]
-    if role == "system":
-        return [{"role": "system", "content": _system_text(content, f"messages[{i}].content")}]
-    blocks = require_list(content, f"messages[{i}].content")
-    if role == "assistant":
-        return [_assistant(blocks, i, defaults)]
-    return _user(blocks, i)
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    if isinstance(message, shape.SystemMessage):
+        return [{"role": "system", "content": _joined(message.content)}]
+    if isinstance(message, shape.AssistantMessage):
+        return [_assistant(message.content, defaults)]
+    return _user(message.content)
 
 
-def _assistant(blocks: list, i: int, defaults: dict[str, dict[str, Any]]) -> dict:
+def _assistant(blocks: list[Any], defaults: dict[str, dict[str, Any]]) -> dict:
     texts: list[str] = []
     calls: list[dict] = []
     reasoning: list[str] = []
-    for j, block in enumerate(blocks):
-        where = f"messages[{i}].content[{j}]"
-        block = require_dict(block, where)
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(require_str(block.get("text"), f"{where}.text"))
-        elif kind == "tool_use":
-            name = require_str(block.get("name"), f"{where}.name")
-            call_id = require_str(block.get("id"), f"{where}.id")
+    for block in blocks:
+        if isinstance(block, shape.TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, shape.ToolUseBlock):
+            arguments = _SENT.text_for(block.id, block.input, defaults.get(block.name))
             calls.append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": name,
-                        "arguments": _SENT.text_for(call_id, block.get("input", {}), defaults.get(name)),
-                    },
-                }
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
             )
-        elif kind == "thinking":
-            reasoning.append(require_str(block.get("thinking"), f"{where}.thinking"))
-        elif kind == "redacted_thinking":
-            continue  # encrypted by Anthropic's servers: no engine wrote it, none can read it
-        else:
-            raise unsupported(f"an assistant content block of type {kind!r}", where)
+        elif isinstance(block, shape.ThinkingBlock):
+            reasoning.append(block.thinking)
+        # redacted_thinking: encrypted by Anthropic's servers, no engine wrote it, none can read it
     out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
     if calls:
         out["tool_calls"] = calls
@@ -313,56 +266,39 @@ def _assistant(blocks: list, i: int, defaults: dict[str, dict[str, Any]]) -> dic
     return out
 
 
-def _user(blocks: list, i: int) -> list[dict]:
+def _user(blocks: list[Any]) -> list[dict]:
     results: list[dict] = []
     parts: list[dict] = []
-    for j, block in enumerate(blocks):
-        where = f"messages[{i}].content[{j}]"
-        block = require_dict(block, where)
-        kind = block.get("type")
-        if kind == "tool_result":
-            text, images = _tool_result_content(block.get("content"), where)
-            call_id = require_str(block.get("tool_use_id"), f"{where}.tool_use_id")
-            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
-            if images:  # chat's tool messages hold text only: the images follow as the user's
-                parts += images
-        elif kind == "text":
-            parts.append({"type": "text", "text": require_str(block.get("text"), f"{where}.text")})
-        elif kind == "image":
-            parts.append(_image(block, where))
+    for block in blocks:
+        if isinstance(block, shape.ToolResultBlock):
+            text, images = _tool_result_content(block.content)
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+            parts += images  # chat's tool messages hold text only: the images follow as the user's
+        elif isinstance(block, shape.TextBlock):
+            parts.append({"type": "text", "text": block.text})
         else:
-            raise unsupported(f"a user content block of type {kind!r}", where)
+            parts.append(_image(block))
     if parts:
         results.append({"role": "user", "content": _parts_content(parts)})
     return results
 
 
-def _tool_result_content(content: Any, where: str) -> tuple[str, list[dict]]:
+def _tool_result_content(content: str | list[Any] | None) -> tuple[str, list[dict]]:
     if content is None:
         return "", []
     if isinstance(content, str):
         return content, []
-    texts, images = [], []
-    for k, block in enumerate(require_list(content, f"{where}.content")):
-        at = f"{where}.content[{k}]"
-        block = require_dict(block, at)
-        if block.get("type") == "text":
-            texts.append(require_str(block.get("text"), f"{at}.text"))
-        elif block.get("type") == "image":
-            images.append(_image(block, at))
-        else:
-            raise unsupported(f"a tool_result block of type {block.get('type')!r}", at)
+    texts = [block.text for block in content if isinstance(block, shape.TextBlock)]
+    images = [_image(block) for block in content if isinstance(block, shape.ImageBlock)]
     return "\n".join(texts), images
 
 
-def _image(block: dict, where: str) -> dict:
-    source = require_dict(block.get("source"), f"{where}.source")
-    if source.get("type") == "base64":
-        url = f"data:{source.get('media_type', 'image/png')};base64,{require_str(source.get('data'), f'{where}.source.data')}"
-    elif source.get("type") == "url":
-        url = require_str(source.get("url"), f"{where}.source.url")
+def _image(block: shape.ImageBlock) -> dict:
+    source = block.source
+    if isinstance(source, shape.Base64Source):
+        url = f"data:{source.media_type};base64,{source.data}"
     else:
-        raise unsupported(f"an image source of type {source.get('type')!r}", f"{where}.source")
+        url = source.url
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -373,36 +309,26 @@ def _parts_content(parts: list[dict]) -> str | list[dict]:
     return parts
 
 
-def _tool(tool: dict, i: int) -> list[dict]:
-    kind = tool.get("type")
-    if kind not in (None, "custom"):
-        # Server tools (web search, code execution, Anthropic-defined bash/editor) run on Anthropic's side.
-        raise unsupported(f"the server tool {kind!r}", f"tools[{i}]")
-    name = require_str(tool.get("name"), f"tools[{i}].name")
+def _tool(tool: shape.CustomTool) -> dict:
     fn: dict[str, Any] = {
-        "name": name,
-        "parameters": require_dict(tool.get("input_schema") or {}, f"tools[{i}].input_schema"),
+        "name": tool.name,
+        "parameters": tool.input_schema.whole() if tool.input_schema else {},
     }
-    if tool.get("description") is not None:
-        fn["description"] = require_str(tool["description"], f"tools[{i}].description")
-    return [{"type": "function", "function": fn}]
+    if tool.description is not None:
+        fn["description"] = tool.description
+    return {"type": "function", "function": fn}
 
 
-def _tool_choice(choice: dict) -> dict:
-    kind = choice.get("type")
+_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def _tool_choice(choice: shape.ToolChoice | shape.NamedToolChoice) -> dict:
     out: dict[str, Any] = {}
-    if kind == "auto":
-        out["tool_choice"] = "auto"
-    elif kind == "any":
-        out["tool_choice"] = "required"
-    elif kind == "none":
-        out["tool_choice"] = "none"
-    elif kind == "tool":
-        name = require_str(choice.get("name"), "tool_choice.name")
-        out["tool_choice"] = {"type": "function", "function": {"name": name}}
+    if isinstance(choice, shape.NamedToolChoice):
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
     else:
-        raise invalid("'tool_choice.type' must be one of auto, any, tool, none", "tool_choice.type")
-    if choice.get("disable_parallel_tool_use"):
+        out["tool_choice"] = _CHOICES[choice.type]
+    if choice.disable_parallel_tool_use:
         out["parallel_tool_calls"] = False
     return out
 

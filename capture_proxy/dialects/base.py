@@ -4,7 +4,6 @@ and errors in the agent's own shape. Plus the few helpers both dialects share.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -42,15 +41,20 @@ class Dialect(Protocol):
         """The `Bearer <session key>` the chat path authenticates, from wherever this API puts the key."""
         ...
 
-    def to_chat(self, body: Any) -> dict:
-        """The chat-completions request for this body; ProxyRequestError (400, naming the field) if malformed."""
+    def parse(self, body: Any) -> Any:
+        """The request this body holds, every field the dialect reads typed (`shapes`); ProxyRequestError
+        (400, naming the field) if it does not fit."""
         ...
 
-    def from_chat(self, reply: dict, request: dict) -> dict:
+    def to_chat(self, request: Any) -> dict:
+        """The chat-completions request for a parsed request."""
+        ...
+
+    def from_chat(self, reply: dict, request: Any) -> dict:
         """The agent's reply for a non-streamed chat completion."""
         ...
 
-    def stream(self, request: dict) -> DialectStream:
+    def stream(self, request: Any) -> DialectStream:
         """A translator for one streamed reply to `request`."""
         ...
 
@@ -104,52 +108,7 @@ def arguments_object(text: str | None) -> dict:
     return value if isinstance(value, dict) else {"_raw": text}
 
 
-def require_str(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise invalid(f"'{param}' must be a string", param)
-    return value
-
-
-def require_list(value: Any, param: str) -> list:
-    if not isinstance(value, list):
-        raise invalid(f"'{param}' must be an array", param)
-    return value
-
-
-def require_dict(value: Any, param: str) -> dict:
-    if not isinstance(value, dict):
-        raise invalid(f"'{param}' must be an object", param)
-    return value
-
-
-def copy_sampling(body: dict, out: dict, names: dict[str, str]) -> None:
-    """Copy the sampling fields this API shares with chat (`{their name: chat name}`), where given."""
-    for theirs, ours in names.items():
-        if body.get(theirs) is not None:
-            out[ours] = body[theirs]
-
-
-def request_model(body: Any) -> str:
-    """The model a request names, once the body is known to be an object."""
-    if not isinstance(body, dict):
-        raise invalid(f"request body must be a JSON object, got {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("'model' must be a non-empty string", "model")
-    return model
-
-
-def chat_tools(body: dict, convert: Callable[[dict, int], list[dict]]) -> list[dict]:
-    """The request's `tools` as chat function tools, `convert(tool, index)` giving each one's."""
-    tools = require_list(body.get("tools") or [], "tools")
-    return [fn for i, tool in enumerate(tools) for fn in convert(require_dict(tool, f"tools[{i}]"), i)]
-
-
-def set_stream(body: dict, out: dict) -> None:
-    """Stream as asked, with the usage chunk: both APIs report token counts in their closing event."""
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise invalid("'stream' must be a boolean", "stream")
-    if stream:
-        out["stream"] = True
-        out["stream_options"] = {"include_usage": True}
+def stream_fields(stream: bool | None) -> dict:
+    """The chat fields of a streamed call, with the usage chunk: both APIs report token counts in their
+    closing event."""
+    return {"stream": True, "stream_options": {"include_usage": True}} if stream else {}

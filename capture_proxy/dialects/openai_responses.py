@@ -27,24 +27,13 @@ from typing import Any
 from starlette.datastructures import Headers
 from starlette.responses import Response
 
-from capture_proxy.dialects.base import (
-    bearer_from,
-    chat_tools,
-    copy_sampling,
-    invalid,
-    request_model,
-    require_dict,
-    require_list,
-    require_str,
-    set_stream,
-    sse,
-    unsupported,
-)
+from capture_proxy.dialects import responses_request as shape
+from capture_proxy.dialects.base import bearer_from, invalid, sse, stream_fields, unsupported
+from capture_proxy.dialects.shapes import parse_request
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.responses import json_response
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 _REFUSED_FIELDS = ("previous_response_id", "conversation", "background", "prompt")
 """Fields that need state or features only OpenAI's servers have."""
 
@@ -57,45 +46,47 @@ class OpenAIResponses:
 
     # -- request ---------------------------------------------------------------------------------
 
-    def to_chat(self, body: Any) -> dict:
-        model = request_model(body)
+    def parse(self, body: Any) -> shape.ResponsesRequest:
+        request = parse_request(shape.ResponsesRequest, body)
         for field in _REFUSED_FIELDS:
-            if body.get(field):
+            if getattr(request, field):
                 raise unsupported(
                     f"'{field}' (the proxy keeps no responses; send the whole conversation in 'input')", field
                 )
+        return request
+
+    def to_chat(self, request: shape.ResponsesRequest) -> dict:
         messages: list[dict] = []
-        if body.get("instructions"):
-            messages.append({"role": "system", "content": require_str(body["instructions"], "instructions")})
-        source = body.get("input")
-        if isinstance(source, str):
-            messages.append({"role": "user", "content": source})
+        if request.instructions:
+            messages.append({"role": "system", "content": request.instructions})
+        if isinstance(request.input, str):
+            messages.append({"role": "user", "content": request.input})
         else:
-            messages += _input_messages(require_list(source, "input"))
+            messages += _input_messages(request.input)
         if not messages:
             raise invalid("'input' must hold at least one message", "input")
-        out: dict[str, Any] = {"model": model, "messages": messages}
-        copy_sampling(
-            body, out, {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
-        )
-        if body.get("parallel_tool_calls") is not None:
-            out["parallel_tool_calls"] = body["parallel_tool_calls"]
-        tools = chat_tools(body, _tool)
-        if tools:
-            out["tools"] = tools
-            if body.get("tool_choice") is not None:
-                out["tool_choice"] = _tool_choice(body["tool_choice"])
-        text = body.get("text")
-        if isinstance(text, dict) and isinstance(text.get("format"), dict):
-            fmt = _response_format(text["format"])
+        out: dict[str, Any] = {"model": request.model, "messages": messages}
+        settings = {
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "max_tokens": request.max_output_tokens,
+            "parallel_tool_calls": request.parallel_tool_calls,
+        }
+        out.update({k: v for k, v in settings.items() if v is not None})
+        if request.tools:
+            out["tools"] = [fn for tool in request.tools for fn in _tool(tool)]
+            if request.tool_choice is not None:
+                out["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.text is not None and request.text.format is not None:
+            fmt = _response_format(request.text.format)
             if fmt is not None:
                 out["response_format"] = fmt
-        set_stream(body, out)
+        out.update(stream_fields(request.stream))
         return out
 
     # -- reply -----------------------------------------------------------------------------------
 
-    def from_chat(self, reply: dict, request: dict) -> dict:
+    def from_chat(self, reply: dict, request: shape.ResponsesRequest) -> dict:
         choice = reply["choices"][0]
         message = choice.get("message") or {}
         output: list[dict] = []
@@ -119,7 +110,7 @@ class OpenAIResponses:
             )
         return _response(_item_id("resp"), request, output, choice.get("finish_reason"), reply.get("usage"))
 
-    def stream(self, request: dict) -> _ResponseStream:
+    def stream(self, request: shape.ResponsesRequest) -> _ResponseStream:
         return _ResponseStream(request)
 
     def error(self, status: int, message: str, code: str | None, param: str | None = None) -> Response:
@@ -150,7 +141,7 @@ def _usage(usage: dict | None) -> dict:
 
 def _response(
     rid: str,
-    request: dict,
+    request: shape.ResponsesRequest,
     output: list[dict],
     finish: str | None,
     usage: dict | None,
@@ -158,7 +149,7 @@ def _response(
     in_progress: bool = False,
 ) -> dict:
     """The response object: in progress (a stream's first events), else completed, or incomplete when
-    the token limit ended the completion."""
+    the token limit ended the completion. It echoes the request's settings, as OpenAI's does."""
     status = "in_progress" if in_progress else "completed"
     incomplete = None
     if finish == "length" and not in_progress:
@@ -170,24 +161,33 @@ def _response(
         "status": status,
         "error": None,
         "incomplete_details": incomplete,
-        "instructions": request.get("instructions"),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "model": request.get("model", ""),
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "model": request.model,
         "output": output,
-        "parallel_tool_calls": request.get("parallel_tool_calls", True),
+        "parallel_tool_calls": _given(request.parallel_tool_calls, True),
         "previous_response_id": None,
-        "reasoning": request.get("reasoning") or {"effort": None, "summary": None},
-        "store": request.get("store", True),
-        "temperature": request.get("temperature", 1.0),
-        "text": request.get("text") or {"format": {"type": "text"}},
-        "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
-        "top_p": request.get("top_p", 1.0),
-        "truncation": request.get("truncation", "disabled"),
+        "reasoning": _echo(request.reasoning) or {"effort": None, "summary": None},
+        "store": _given(request.store, True),
+        "temperature": _given(request.temperature, 1.0),
+        "text": _echo(request.text) or {"format": {"type": "text"}},
+        "tool_choice": _echo(request.tool_choice) or "auto",
+        "tools": [_echo(tool) for tool in request.tools or ()],
+        "top_p": _given(request.top_p, 1.0),
+        "truncation": request.truncation or "disabled",
         "usage": None if status == "in_progress" else _usage(usage),
         "user": None,
-        "metadata": request.get("metadata") or {},
+        "metadata": request.metadata or {},
     }
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _echo(value: Any) -> Any:
+    """A request setting as the agent sent it (a model's fields it set, by their JSON names)."""
+    return value.model_dump(exclude_unset=True, by_alias=True) if isinstance(value, shape.Shape) else value
 
 
 def _text_part(text: str) -> dict:
@@ -223,32 +223,22 @@ def _reasoning_item(item_id: str, text: str | None) -> dict:
 # -- request pieces --------------------------------------------------------------------------------
 
 
-def _input_messages(items: list) -> list[dict]:
+def _input_messages(items: list[Any]) -> list[dict]:
     messages: list[dict] = []
     reasoning: list[str] = []
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
-        item = require_dict(item, where)
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
-            if role is None:
-                raise invalid(
-                    f"{where}.role must be one of user, assistant, system, developer", f"{where}.role"
-                )
-            message: dict[str, Any] = {"role": role, "content": _content(item.get("content"), where, role)}
+    for item in items:
+        if isinstance(item, shape.MessageItem):
+            role = _ROLES[item.role]
+            message: dict[str, Any] = {"role": role, "content": _content(item.content, role)}
             if role == "assistant" and reasoning:
                 message["reasoning_content"] = "\n".join(reasoning)
                 reasoning = []
             messages.append(message)
-        elif kind == "function_call":
+        elif isinstance(item, shape.FunctionCallItem):
             call = {
-                "id": require_str(item.get("call_id"), f"{where}.call_id"),
+                "id": item.call_id,
                 "type": "function",
-                "function": {
-                    "name": require_str(item.get("name"), f"{where}.name"),
-                    "arguments": require_str(item.get("arguments", ""), f"{where}.arguments"),
-                },
+                "function": {"name": item.name, "arguments": item.arguments},
             }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and not reasoning:
@@ -259,118 +249,78 @@ def _input_messages(items: list) -> list[dict]:
                     message["reasoning_content"] = "\n".join(reasoning)
                     reasoning = []
                 messages.append(message)
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = (
-                output
-                if isinstance(output, str)
-                else _text(require_list(output, f"{where}.output"), f"{where}.output")
-            )
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": require_str(item.get("call_id"), f"{where}.call_id"),
-                    "content": text,
-                }
-            )
-        elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            reasoning.append(
-                "".join(
-                    p.get("text", "") for p in require_list(parts, f"{where}.content") if isinstance(p, dict)
-                )
-            )
+        elif isinstance(item, shape.FunctionCallOutputItem):
+            text = item.output if isinstance(item.output, str) else _text(item.output)
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
         else:
-            raise unsupported(f"an input item of type {kind!r}", where)
+            reasoning.append("".join(part.text for part in item.content or item.summary))
     return messages
 
 
-def _content(content: Any, where: str, role: str) -> str | list[dict]:
+def _content(content: str | list[Any], role: str) -> str | list[dict]:
     if isinstance(content, str):
         return content
-    parts = require_list(content, f"{where}.content")
-    if any(isinstance(p, dict) and p.get("type") == "input_image" for p in parts):
-        return [
-            _part(require_dict(p, f"{where}.content[{j}]"), f"{where}.content[{j}]")
-            for j, p in enumerate(parts)
-        ]
+    if any(isinstance(part, shape.ImagePart) for part in content):
+        return [_part(part) for part in content]
     # An assistant's text parts are one completion's text, joined as it was written.
-    return _text(parts, f"{where}.content", "" if role == "assistant" else "\n")
+    return _text(content, "" if role == "assistant" else "\n")
 
 
-def _text(parts: list, where: str, joiner: str = "\n") -> str:
-    texts = []
-    for j, part in enumerate(parts):
-        part = require_dict(part, f"{where}[{j}]")
-        if part.get("type") not in _TEXT_PARTS:
-            raise unsupported(f"a content part of type {part.get('type')!r}", f"{where}[{j}]")
-        texts.append(require_str(part.get("text", part.get("refusal")), f"{where}[{j}].text"))
-    return joiner.join(texts)
+def _part_text(part: shape.TextPart | shape.RefusalPart) -> str:
+    return part.text if isinstance(part, shape.TextPart) else part.refusal
 
 
-def _part(part: dict, where: str) -> dict:
-    if part.get("type") == "input_image":
-        url = part.get("image_url") or part.get("file_id")
-        return {"type": "image_url", "image_url": {"url": require_str(url, f"{where}.image_url")}}
-    if part.get("type") in _TEXT_PARTS:
-        return {"type": "text", "text": require_str(part.get("text"), f"{where}.text")}
-    raise unsupported(f"a content part of type {part.get('type')!r}", where)
+def _text(parts: list[Any], joiner: str = "\n") -> str:
+    return joiner.join(_part_text(part) for part in parts)
 
 
-def _tool(tool: dict, i: int, where: str | None = None) -> list[dict]:
+def _part(part: Any) -> dict:
+    if isinstance(part, shape.ImagePart):
+        return {"type": "image_url", "image_url": {"url": part.image_url}}
+    return {"type": "text", "text": _part_text(part)}
+
+
+def _function(tool: shape.FunctionTool) -> dict:
+    fn: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        fn["description"] = tool.description
+    fn["parameters"] = tool.parameters.whole() if tool.parameters else {"type": "object", "properties": {}}
+    if tool.strict is not None:
+        fn["strict"] = tool.strict
+    return {"type": "function", "function": fn}
+
+
+def _tool(tool: shape.FunctionTool | shape.NamespaceTool) -> list[dict]:
     """A function tool as chat's; a `namespace` (a named group of functions, as codex sends its
     sub-agent tools) as its functions, which the engine sees by their own names."""
-    where = where or f"tools[{i}]"
-    if tool.get("type") == "namespace":
-        inner = require_list(tool.get("tools"), f"{where}.tools")
-        return [
-            fn
-            for j, t in enumerate(inner)
-            for fn in _tool(require_dict(t, f"{where}.tools[{j}]"), j, f"{where}.tools[{j}]")
-        ]
-    if tool.get("type") != "function":
-        # Hosted tools (web_search, file_search, code_interpreter, mcp, ...) run on OpenAI's side.
-        raise unsupported(f"the tool type {tool.get('type')!r}", where)
-    fn: dict[str, Any] = {"name": require_str(tool.get("name"), f"{where}.name")}
-    if tool.get("description") is not None:
-        fn["description"] = require_str(tool["description"], f"{where}.description")
-    fn["parameters"] = require_dict(
-        tool.get("parameters") or {"type": "object", "properties": {}}, f"{where}.parameters"
-    )
-    if tool.get("strict") is not None:
-        fn["strict"] = tool["strict"]
-    return [{"type": "function", "function": fn}]
+    if isinstance(tool, shape.NamespaceTool):
+        return [_function(inner) for inner in tool.tools]
+    return [_function(tool)]
 
 
-def _namespaces(request: dict) -> dict[str, str]:
+def _namespaces(request: shape.ResponsesRequest) -> dict[str, str]:
     """The namespace of each function the request offered inside one (function name -> namespace)."""
     return {
-        inner["name"]: tool["name"]
-        for tool in request.get("tools") or ()
-        if isinstance(tool, dict) and tool.get("type") == "namespace"
-        for inner in tool.get("tools") or ()
-        if isinstance(inner, dict) and isinstance(inner.get("name"), str)
+        inner.name: tool.name
+        for tool in request.tools or ()
+        if isinstance(tool, shape.NamespaceTool)
+        for inner in tool.tools
     }
 
 
-def _tool_choice(choice: Any) -> Any:
-    if choice in ("auto", "none", "required"):
+def _tool_choice(choice: str | shape.FunctionChoice) -> Any:
+    if isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": require_str(choice.get("name"), "tool_choice.name")}}
-    raise unsupported(f"the tool_choice {choice!r}", "tool_choice")
+    return {"type": "function", "function": {"name": choice.name}}
 
 
-def _response_format(fmt: dict) -> dict | None:
-    kind = fmt.get("type")
-    if kind == "text":
+def _response_format(fmt: shape.TextFormat) -> dict | None:
+    if fmt.type == "text":
         return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return {"type": "json_object"}
-    if kind == "json_schema":
-        schema = {k: fmt[k] for k in ("name", "description", "schema", "strict") if k in fmt}
-        return {"type": "json_schema", "json_schema": schema}
-    raise unsupported(f"the text format {kind!r}", "text.format")
+    schema = {k: v for k, v in _echo(fmt).items() if k != "type"}  # name, description, schema, strict
+    return {"type": "json_schema", "json_schema": schema}
 
 
 # -- the stream --------------------------------------------------------------------------------------
@@ -380,7 +330,7 @@ class _ResponseStream:
     """Chat chunks to Responses stream events: one output item at a time (reasoning, a message, or a
     function call per chat tool call), each done before the next is added, numbered in sequence."""
 
-    def __init__(self, request: dict):
+    def __init__(self, request: shape.ResponsesRequest):
         self.request = request
         self.namespaces = _namespaces(request)
         self.id = _item_id("resp")

@@ -147,6 +147,23 @@ async def test_async_streamed_tool_calls_then_trace(proxy, imitation):
     assert trace["turns"][1]["loss_mask"] == second.loss_mask
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_logprobs_list_alternatives_for_every_token(proxy, stream):
+    # Found by the schema fuzzer: a tool named with a 4-byte character puts its lead byte near the end
+    # of the imitation's vocabulary, and the alternatives after it wrapped round to ids it could not
+    # decode (the engine answered 500, the proxy 502).
+    session = proxy.create()
+    client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    tools = [{"type": "function", "function": {"name": "\U00010000", "parameters": {"type": "object"}}}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=tools, logprobs=True, top_logprobs=20, stream=stream
+    )
+    chunks = list(reply) if stream else [reply]
+    entries = [e for chunk in chunks for c in chunk.choices if c.logprobs for e in c.logprobs.content or ()]
+    assert entries and all(len(e.top_logprobs) == 20 for e in entries)
+    assert proxy.store.get_session(session.session_id).num_turns == 1
+
+
 def test_sync_stream_asking_for_logprobs_keeps_them(proxy, imitation):
     session = proxy.create()
     client = openai.OpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)

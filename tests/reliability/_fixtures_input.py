@@ -7,16 +7,18 @@ they use from here.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from capture_proxy.app import create_app
 from capture_proxy.config import ProxyConfig
+from capture_proxy.store import TraceStore
 from engine.imitation import ImitationSettings, create_imitation_app
 from engine.in_process import serve_in_thread
 from tests.proxy.conftest import ADMIN_KEY, MODEL, Imitation, Proxy
 
-__all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy"]
+__all__ = ["ADMIN_KEY", "MODEL", "Imitation", "Proxy", "imitation", "live_proxy", "serving_proxy"]
 
 
 @pytest.fixture
@@ -25,9 +27,16 @@ def imitation() -> Iterator[Imitation]:
         yield Imitation(url)
 
 
+@contextmanager
+def serving_proxy(engine_url: str, store: TraceStore) -> Iterator[Proxy]:
+    """The standalone proxy (agent + admin routes) in front of the engine at `engine_url`."""
+    app = create_app(ProxyConfig(upstream_url=engine_url, admin_key=ADMIN_KEY), store)
+    with serve_in_thread(app) as url:
+        yield Proxy(url, app.state.service, store)
+
+
 @pytest.fixture
 def live_proxy(imitation, store) -> Iterator[Proxy]:
     """The standalone proxy (agent + admin routes) in front of the imitation."""
-    app = create_app(ProxyConfig(upstream_url=imitation.url, admin_key=ADMIN_KEY), store)
-    with serve_in_thread(app) as url:
-        yield Proxy(url, app.state.service, store)
+    with serving_proxy(imitation.url, store) as proxy:
+        yield proxy

@@ -66,6 +66,10 @@ def error_message(response: httpx.Response) -> str:
 USER = {"role": "user", "content": "hi"}
 
 
+def _tool(parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
 @pytest.mark.parametrize(
     ("body", "words"),
     [
@@ -86,6 +90,14 @@ USER = {"role": "user", "content": "hi"}
         ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
         ({"messages": [USER], "tools": [{"type": "function"}]}, "tools[0]"),
         ({"messages": [USER], "tools": ["bash"]}, "tools[0]"),
+        # found by the mutation fuzzer (test_fuzz_api.py): each crashed the engine too
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": [1]}]}]}, "content[0].text"),
+        ({"messages": [{"role": "user", "content": [None]}]}, "messages[0].content[0]"),
+        ({"messages": [USER], "tools": [_tool({"properties": 5})]}, "parameters.properties"),
+        ({"messages": [USER], "tools": [_tool({"required": 2**63})]}, "parameters.required"),
+        ({"messages": [USER], "tools": [_tool({})], "tool_choice": {"function": "f"}}, "'tool_choice'"),
+        # the engine listed a million alternatives per token, holding the call for minutes
+        ({"messages": [USER], "logprobs": True, "top_logprobs": 10**6}, "'top_logprobs' must be between"),
     ],
 )
 def test_malformed_messages_and_tools_are_400_and_never_reach_the_engine(live_proxy, imitation, body, words):
@@ -100,7 +112,8 @@ def test_malformed_messages_and_tools_are_400_and_never_reach_the_engine(live_pr
     assert (record.num_turns, record.error) == (0, None)
 
 
-@pytest.mark.parametrize("prompt", [[3.0], [-1], [True], [{"text": "hi"}], [3, 4.5]])
+# 2**31 and beyond: found by the mutation fuzzer; the engine echoed them, the store could not keep them (500)
+@pytest.mark.parametrize("prompt", [[3.0], [-1], [True], [{"text": "hi"}], [3, 4.5], [2**31], [72, 2**63]])
 def test_malformed_completion_prompts_are_400_and_never_reach_the_engine(live_proxy, imitation, prompt):
     session = live_proxy.create()
     r = httpx.post(
@@ -109,6 +122,33 @@ def test_malformed_completion_prompts_are_400_and_never_reach_the_engine(live_pr
         headers={"Authorization": f"Bearer {session.api_key}"},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert imitation.requests() == []
+    assert live_proxy.store.get_session(session.session_id).num_turns == 0
+
+
+DEEP = b"[" * 300 + b"]" * 300
+"""Nesting orjson reads (up to 1024 levels) but cannot write back (254)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("chat/completions", b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": ' + DEEP + b"}"),
+        ("chat/completions", b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}], "x": ' + DEEP + b"}"),
+        ("completions", b'{"model": "m", "prompt": "hi", "x": ' + DEEP + b"}"),
+        ("responses", b'{"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": {"x": ' + DEEP + b"}}]}"),
+        ("messages", b'{"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {"x": ' + b"[" * 1000 + b"]" * 1000 + b"}}]}]}"),
+    ],
+)  # fmt: skip
+def test_a_body_nested_deeper_than_json_is_written_is_400_and_never_reaches_the_engine(
+    live_proxy, imitation, path, body
+):
+    """It parsed, and then crashed the proxy writing the engine's request: a 500."""
+    session = live_proxy.create()
+    auth = {"Authorization": f"Bearer {session.api_key}"}
+    r = httpx.post(f"{live_proxy.url}/v1/{path}", content=body, headers=auth)
+    assert r.status_code == 400, r.text
+    assert "nested too deeply" in r.text
     assert imitation.requests() == []
     assert live_proxy.store.get_session(session.session_id).num_turns == 0
 

@@ -209,6 +209,15 @@ BAD_REPLIES = {
         _sse(_GOOD_FIRST, b'{"choices": [{"index": 0, "delta": {"content": "a"}, "token_ids": ["a"], "finish_reason": "stop"}]}', b"[DONE]"),
     ),
     "choices_not_a_list": (True, 200, "text/event-stream", _sse(b'{"choices": 7}')),
+    # merged into the recorded reply only after [DONE]: it dropped the connection there
+    "delta_content_not_a_string": (
+        True, 200, "text/event-stream",
+        _sse(_GOOD_FIRST, b'{"choices": [{"index": 0, "delta": {"content": 5}, "finish_reason": "stop"}]}', b"[DONE]"),
+    ),
+    "tool_arguments_not_a_string": (
+        True, 200, "text/event-stream",
+        _sse(_GOOD_FIRST, b'{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": [1]}}]}}]}', b"[DONE]"),
+    ),
 }  # fmt: skip
 
 
