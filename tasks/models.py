@@ -111,6 +111,25 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+_EMBEDDED_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SENSITIVE_NAME = re.compile(r"(KEY|SECRET|TOKEN(?!S)|PASSWORD|CREDENTIAL|AUTH)", re.IGNORECASE)
+_NO_DEFAULT_TEMPLATE = r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::-)?\}"
+_TEMPLATED_CREDENTIAL = re.compile(
+    rf"\s*(?:[A-Za-z]+\s+)?{_NO_DEFAULT_TEMPLATE}(?:[\s:-]*{_NO_DEFAULT_TEMPLATE})*\s*"
+)
+
+
+def _literal_credential(name: str, value: str) -> bool:
+    """Harbor's `has_literal_header_credential` (harbor/utils/env.py): a credential header (a name like
+    Authorization, X-Api-Key, Cookie) holds only `[scheme] ${VAR}` references; a non-empty default on a
+    credential header or a sensitive variable counts as a literal credential."""
+    sensitive_header = bool(_SENSITIVE_NAME.search(name)) or name.lower() in ("cookie", "set-cookie")
+    for variable, default in _EMBEDDED_TEMPLATE.findall(value):
+        if default and (sensitive_header or _SENSITIVE_NAME.search(variable)):
+            return True
+    return sensitive_header and bool(value.strip()) and not _TEMPLATED_CREDENTIAL.fullmatch(value)
+
+
 def _service_name(value: str | None) -> str | None:
     if value is None:
         return None
@@ -253,6 +272,14 @@ class MCPServerConfig(BaseModel):
                 raise ValueError(f"invalid MCP HTTP header name {name!r}")
             if "\r" in value or "\n" in value:
                 raise ValueError(f"MCP HTTP header {name!r} must not contain newlines")
+            if "${" in _EMBEDDED_TEMPLATE.sub(" ", value):
+                raise ValueError(f"MCP HTTP header {name!r}: invalid environment variable template")
+            # A task.toml is shared as written: a credential header holds only the variable supplying it.
+            if _literal_credential(name, value):
+                raise ValueError(
+                    f"MCP HTTP header {name!r} must reference credentials as ${{VAR}} without a default, "
+                    "such as 'Bearer ${TOKEN}'"
+                )
         return headers
 
     @model_validator(mode="after")

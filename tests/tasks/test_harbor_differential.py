@@ -115,6 +115,22 @@ SNIPPETS = {
     "shared-with-environment": '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n',
     "artifact-escapes": 'artifacts = ["../etc/passwd"]\n',
     "duplicate-step-names": '[[steps]]\nname = "a"\n[[steps]]\nname = "A"\n',
+    "mcp-header-templated": (
+        '[[environment.mcp_servers]]\nname = "m"\nurl = "http://m/mcp"\n'
+        '[environment.mcp_servers.headers]\nAuthorization = "Bearer ${TOKEN}"\nX-Trace = "run-${RUN:-1}"\n'
+    ),
+    "mcp-header-literal-secret": (
+        '[[environment.mcp_servers]]\nname = "m"\nurl = "http://m/mcp"\n'
+        '[environment.mcp_servers.headers]\nX-Api-Key = "sk-live-123"\n'
+    ),
+    "mcp-header-secret-default": (
+        '[[environment.mcp_servers]]\nname = "m"\nurl = "http://m/mcp"\n'
+        '[environment.mcp_servers.headers]\nX-Token = "${A:-x}"\n'
+    ),
+    "mcp-header-bad-template": (
+        '[[environment.mcp_servers]]\nname = "m"\nurl = "http://m/mcp"\n'
+        '[environment.mcp_servers.headers]\nX-Trace = "${1BAD}"\n'
+    ),
 }
 
 
