@@ -33,16 +33,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxes import firewall
 from sandboxes.base import SandboxSpec
-from sandboxes.docker import (
+from sandboxes.docker_sandbox import (
     NAME_LABEL,
     OWNER_LABEL,
     SANDBOX_LABEL,
-    DockerBackend,
     DockerSandbox,
+    SandboxEngine,
     _blocking,
     _image_workdir,
     _is_gpu_refusal,
@@ -55,6 +55,22 @@ from sandboxes.docker import (
 from sandboxes.errors import SandboxBuildError, SandboxError, SandboxUnavailable, UnsupportedEnvironment
 from sandboxes.images import context_hash
 from sandboxes.policy import Allowlist, resolve_allowlist
+
+
+class ComposeEngine(SandboxEngine, Protocol):
+    """What a compose project needs of the docker backend that runs it (sandboxes.docker.DockerBackend)."""
+
+    firewall: bool
+    builder: Any
+
+    def _disk_quota(self, client: Any) -> bool: ...
+
+    def _ensure_firewall(self) -> None: ...
+
+    async def _ensure_forwarder(self, network: _Network, port: int) -> None: ...
+
+    async def _close_forwarders_for(self, network: _Network) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +180,7 @@ class ComposeSandbox(DockerSandbox):
         await _down(self._backend, self.project)
 
 
-async def start_compose(backend: DockerBackend, spec: SandboxSpec) -> ComposeSandbox:
+async def start_compose(backend: ComposeEngine, spec: SandboxSpec) -> ComposeSandbox:
     """Build main, bring the project up with its sidecars, and return main as the sandbox."""
     await _blocking(compose_version)
     client = await _blocking(backend._connect)
@@ -360,7 +376,7 @@ async def _compose(
     return out.decode(errors="replace")
 
 
-async def _down(backend: DockerBackend, project: Project) -> None:
+async def _down(backend: ComposeEngine, project: Project) -> None:
     """Remove the project whole: containers, volumes, networks, compose-built images, rules, files."""
     try:
         if project.files:
@@ -375,7 +391,7 @@ async def _down(backend: DockerBackend, project: Project) -> None:
         shutil.rmtree(project.folder, ignore_errors=True)
 
 
-def _remove_leftovers(backend: DockerBackend, name: str) -> None:
+def _remove_leftovers(backend: ComposeEngine, name: str) -> None:
     """What `down` could not see (a project whose files are gone, a half-created one)."""
     client = backend._connect()
     selector = {"label": f"com.docker.compose.project={name}"}
@@ -390,7 +406,7 @@ def _remove_leftovers(backend: DockerBackend, name: str) -> None:
             volume.remove(force=True)
 
 
-def sweep_projects(backend: DockerBackend) -> int:
+def sweep_projects(backend: ComposeEngine) -> int:
     """Remove the compose projects whose owning process is gone; returns how many."""
     client = backend._connect()
     owners: dict[str, str] = {}
@@ -465,7 +481,7 @@ def _main_network(client: Any, project: Project, merged: dict[str, Any]) -> _Net
     )
 
 
-def _confine(backend: DockerBackend, project: Project, network: _Network, allowed: Allowlist) -> None:
+def _confine(backend: ComposeEngine, project: Project, network: _Network, allowed: Allowlist) -> None:
     """The project's rules, before any of its containers starts."""
     if not backend.firewall:
         return

@@ -111,7 +111,9 @@ class ImageBuilder:
                 f"docker_image of {spec.name}: {image} is not in the Docker engine and could not be pulled "
                 f"({problem}); pull or load it first"
             )
-        log.warning("docker_image %s could not be pulled (%s); building %s instead", image, problem, dockerfile)
+        log.warning(
+            "docker_image %s could not be pulled (%s); building %s instead", image, problem, dockerfile
+        )
         return self.task_image(Path(spec.environment_dir), deadline)
 
     def task_image(self, environment_dir: Path, deadline: float) -> str:

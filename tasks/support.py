@@ -60,14 +60,16 @@ _MAX_TEST_FILE_BYTES = 512 * 1024
 def static_reward_keys(task: Task) -> list[str] | None:
     """The metrics the task's verifier can report, as far as reading its tests tells: `["reward"]` when
     they write only reward.txt; with a reward.json, every quoted `"key":` in them (a superset: other
-    dicts count too), plus `[verifier] reward_key`. None when the tests mention neither reward file
-    (written by something we cannot read, say). Lets a training run refuse at start-up a dataset
+    dicts count too), plus `[verifier] reward_key`. None when that cannot be read from them (neither
+    file named, or a reward.json with no key written out: copied from elsewhere). Lets a training run refuse at start-up a dataset
     whose tasks never report the key it trains on, instead of finding out rollout by rollout."""
     texts = [_read_small(p) for d in _tests_dirs(task) for p in sorted(d.rglob("*")) if p.is_file()]
     joined = "\n".join(texts)
     if "reward.json" not in joined:
         return ["reward"] if "reward.txt" in joined else None
     keys = set(_JSON_KEY.findall(joined))
+    if not keys:
+        return None  # written some other way (copied from the agent's files, say): not known here
     if "reward.txt" in joined:
         keys.add("reward")
     if task.config.verifier.reward_key:
