@@ -58,4 +58,8 @@ python3 -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Running pip a
 if [ -x docker/sandbox-base/build.sh ]; then
   bash docker/sandbox-base/build.sh
 fi
+# 6. vLLM's own weight-transfer code for the CPU tests (tests/vllm/wheels.py): the two pinned releases'
+#    wheels, downloaded once into ~/.cache/harbor-rl/vllm-wheels (HARBOR_VLLM_WHEELS), a few files unzipped.
+log "fetching the pinned vLLM releases' source for the weight-sync tests (cached)"
+python3 -c "from tests.vllm.wheels import RELEASES, release_source; [release_source(v) for v in RELEASES]"
 log "ready"

@@ -12,7 +12,15 @@ import secrets as _random
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from harbor_rl.jobs.errors import JobConfigError
 from tasks.datasets import split_name
@@ -167,11 +175,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"{v!r} must start with http:// or https://")
         return v
 
-    @field_validator("push_to_hub")
+    @field_validator("push_to_hub", "wheel_repo", check_fields=False)  # wheel_repo: LaunchConfig's
     @classmethod
-    def _repo_id(cls, v: str | None) -> str | None:
+    def _repo_id(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not _REPO_ID.match(v):
-            raise ValueError(f"push_to_hub {v!r}: give a model repo as namespace/name")
+            raise ValueError(f"{info.field_name} {v!r}: give a model repo as namespace/name")
         return v
 
     @field_validator("trainer")
@@ -282,13 +290,6 @@ class LaunchConfig(RunConfig):
                 raise ValueError(
                     f"{name} looks like a credential: pass it with --secret {name}, never as env"
                 )
-        return v
-
-    @field_validator("wheel_repo")
-    @classmethod
-    def _wheel_repo_id(cls, v: str | None) -> str | None:
-        if v is not None and not _REPO_ID.match(v):
-            raise ValueError(f"wheel_repo {v!r}: give a model repo as namespace/name")
         return v
 
     @field_validator("volume")

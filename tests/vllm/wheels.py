@@ -11,7 +11,6 @@ first test session downloads each wheel once (~330 MB each), later sessions reus
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -19,8 +18,9 @@ import subprocess
 import sys
 import tomllib
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
+
+from harnesses.assets import _file_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASES = ("0.28.0", "0.33.0")
@@ -68,18 +68,6 @@ def pinned_range() -> str:
     return next(r for r in extras["gpu"] if r.startswith("vllm"))
 
 
-@contextmanager
-def _locked(path: Path):
-    """One process at a time fills the cache (parallel test sessions share it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _wheel(version: str, cache: Path) -> Path:
     found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if found:
@@ -110,7 +98,8 @@ def release_source(version: str) -> Path:
     tree = cache / f"vllm-{version}-src-{stamp}"
     if (tree / ".complete").exists():
         return tree
-    with _locked(cache / ".lock"):
+    cache.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache / ".lock"):  # one process at a time fills the cache (test sessions share it)
         if (tree / ".complete").exists():
             return tree
         wheel = _wheel(version, cache)
