@@ -4,8 +4,9 @@ The sequence (docs/design.md 3.9) is vLLM's: `init_weight_transfer_engine` joins
 `rank_offset` while the trainer joins as rank 0; each sync is `start_weight_update`, one or more
 `update_weights` (the trainer broadcasts the tensors while the HTTP call is in flight), then
 `finish_weight_update`. Received tensors are only *staged*; finish applies them all at once between two
-generation steps. Any failure (bad names or shapes, a transport error) discards the staging: the engine
-keeps serving the old weights.
+generation steps. Any failure (bad names or shapes, a transport error) discards the staging and ends the
+update, as vLLM's worker ends it: the engine keeps its old weights, whole (vLLM may hold part of the new
+ones), and answers 500 as vLLM does (docs/design.md 3.9 has the route table).
 
 Read against vLLM 0.28.0 and 0.33.0 (the range pyproject pins), NCCL backend:
 - `init_info` is `NCCLWeightTransferInitInfo` (`vllm/distributed/weight_transfer/nccl_common.py`):
