@@ -5,8 +5,10 @@
     summary.scores.pass_rate, summary.scores.pass_at_k          # 1.0, {"1": 1.0}
     await run_collect(CollectConfig(provider="scripted", datasets=["env-tasks"]), out_dir=Path("sft"))
 
-`metrics` holds the estimators, `jobs` the jobs folder, `runner` the eval loop, `compare` the diff of
-two jobs, `collect` the SFT dataset writer, `scripted` the model-free teacher, `hub` the Hub upload.
+`metrics` holds the estimators, `models` the job's records, `jobs` the jobs folder (Harbor's layout, with
+`harbor_format` Harbor's documents and `trial_folder` a trial's files), `runner` the eval loop, `compare`
+the diff of two jobs, `collect` the SFT dataset writer, `scripted` the model-free teacher, `hub` the Hub
+upload.
 """
 
 from evaluation.collect import CollectConfig, Episode, run_collect, should_keep
@@ -20,8 +22,9 @@ from evaluation.errors import (
     ProviderError,
     UnknownChoice,
 )
-from evaluation.jobs import EvalConfig, Job, JobSummary, TrialResult
+from evaluation.jobs import Job
 from evaluation.metrics import Scores, mean_and_se, pass_at_k, score
+from evaluation.models import EvalConfig, JobSummary, TrialResult
 from evaluation.runner import run_eval
 
 __all__ = [

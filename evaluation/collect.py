@@ -34,7 +34,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from capture_proxy.episodes import Episode, read_episodes
 from capture_proxy.models import SamplingParams
 from evaluation.errors import DatasetMisaligned, ProviderError
-from evaluation.jobs import classify_error, error_line, job_store_url, write_json_atomic
+from evaluation.jobs import error_line, job_store_url, write_json_atomic
+from evaluation.models import chosen_reward, classify_error, is_scored
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, token_counts
 from evaluation.runner import load_datasets, print_errors, select_tasks
 from harbor_server import RolloutRequest
@@ -68,6 +69,9 @@ class CollectConfig(BaseModel):
     keep_losses: bool = False
     """Keep every episode, unscoreable ones too; otherwise `should_keep` (reward >= min_reward)."""
     min_reward: float = 0.0
+    reward_key: str | None = Field(default=None, min_length=1)
+    """The verifier metric that is an episode's `reward` (what `should_keep` reads); None: the server's
+    choice (the task's `reward_key`, `reward`, or the only metric). `verify_metrics` holds them all."""
     agent_timeout_sec: float | None = Field(default=None, gt=0)
     agent_step_limit: int = Field(default=0, ge=0)
     sampling: SamplingParams | None = None
@@ -147,7 +151,7 @@ def build_episode(
     result = outcome.result
     messages = transcript(outcome, instruction)
     prompt_tokens, completion_tokens = token_counts(outcome.turns)
-    reward = None if result.env_reward is None else float(result.env_reward)
+    reward = chosen_reward(result, config.reward_key)
     return Episode(
         episode_id=eid,
         messages=messages,
@@ -268,7 +272,9 @@ class CollectSummary(BaseModel):
     skipped: int
     """Episodes already written or dropped before this run."""
     errors: int
-    """Episodes of this run without a reward."""
+    """Episodes of this run whose verifier gave no metrics."""
+    metrics_only: int = 0
+    """Episodes of this run with metrics but no one reward (several metrics, none chosen by --reward-key)."""
     error_messages: dict[str, int] = Field(default_factory=dict)
     """`kind: first line of the error` -> episodes of this run, most first."""
 
@@ -317,7 +323,7 @@ async def run_collect(
     console.print(
         f"collect into {out_dir}: {total} episodes planned, {skipped} already done, {len(todo)} to run"
     )
-    counts = {"ran": 0, "written": 0, "dropped": 0, "errors": 0}
+    counts = {"ran": 0, "written": 0, "dropped": 0, "errors": 0, "metrics_only": 0}
     errors: Counter[str] = Counter()
     base = {
         "prefix": config.prefix,
@@ -330,6 +336,7 @@ async def run_collect(
         "keep_losses": config.keep_losses,
         "sampling": config.sampling.model_dump(exclude_unset=True) if config.sampling is not None else None,
         "min_reward": config.min_reward,
+        "reward_key": config.reward_key,
     }
     if todo:
         planned = [datasets[split].get(task_id) for split, task_id in dict.fromkeys(plan.values())]
@@ -359,6 +366,7 @@ async def run_collect(
         ran=counts["ran"],
         skipped=skipped,
         errors=counts["errors"],
+        metrics_only=counts["metrics_only"],
         error_messages=dict(errors.most_common()),
     )
 
@@ -412,12 +420,14 @@ async def _run_episodes(
             outcome = await harbor.run(request)
         instruction = datasets[split].get(task_id).instruction
         episode = build_episode(eid, split, task_id, instruction, outcome, config, model)
+        result = outcome.result
+        scored = is_scored(result)
         counts["ran"] += 1
-        counts["errors"] += episode.reward is None
-        if episode.reward is None:
-            result = outcome.result
+        counts["errors"] += not scored
+        counts["metrics_only"] += scored and episode.reward is None
+        if not scored:
             errors[
-                error_line(classify_error(result.status, None, result.error, result.timed_out), result.error)
+                error_line(classify_error(result.status, False, result.error, result.timed_out), result.error)
             ] += 1
         if should_keep(episode, keep_losses=config.keep_losses, min_reward=config.min_reward):
             dataset.append(episode)

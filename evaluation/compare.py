@@ -1,7 +1,7 @@
 """`harbor eval --compare JOB1 JOB2`: the tasks whose outcome changed between two jobs.
 
-A task's outcome in a job is its pass rate over scored trials (errors left out); a task that only
-errored has no pass rate. A change is any difference, labelled `fixed` (now passes more often),
+A task's outcome in a job is its pass rate over the trials that passed or failed (errors, and trials of
+several metrics with none chosen as the reward, left out); a task with none of those has no pass rate. A change is any difference, labelled `fixed` (now passes more often),
 `broke` (less often), or `appeared` / `vanished` / `now errors` / `now scored`.
 """
 
@@ -27,14 +27,14 @@ class TaskChange(BaseModel):
 
 
 def pass_rates(job: Job) -> tuple[dict[str, float | None], dict[str, int]]:
-    """Per `split/task`: pass rate over scored trials (None if none scored) and trial count."""
+    """Per `split/task`: pass rate over passed and failed trials (None if none) and trial count."""
     outcomes: dict[str, list[str]] = defaultdict(list)
     for trial in job.trials():
         outcomes[f"{trial.split}/{trial.task_id}"].append(trial.outcome)
     rates: dict[str, float | None] = {}
     for task, seen in outcomes.items():
-        scored = [o for o in seen if o != "error"]
-        rates[task] = sum(o == "pass" for o in scored) / len(scored) if scored else None
+        judged = [o for o in seen if o in ("pass", "fail")]
+        rates[task] = sum(o == "pass" for o in judged) / len(judged) if judged else None
     return rates, {task: len(seen) for task, seen in outcomes.items()}
 
 

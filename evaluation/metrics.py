@@ -1,7 +1,9 @@
-"""Scores of a set of trials: pass rate, the unbiased pass@k estimator, mean reward with its standard error.
+"""Scores of a set of trials: pass rate, the unbiased pass@k estimator, mean reward with its standard error,
+and the mean of every metric a verifier reported.
 
-A trial whose reward is None (the verifier did not run or gave no reward, a model call failed, the
-harness broke) is an *error*: it is left out of every score, never counted as a failure (reward 0).
+A trial whose reward is None is left out of the reward's scores, never counted as a failure (reward 0):
+an error (the verifier did not run or gave no metrics, a model call failed, the harness broke), or a
+trial of several metrics none of which is the reward; the latter's metrics still count in `metric_means`.
 """
 
 from __future__ import annotations
@@ -81,6 +83,31 @@ class Scores(BaseModel):
     """`"k"` -> mean over tasks with at least k scored trials of the unbiased estimator."""
     pass_at_k_tasks: dict[str, int] = Field(default_factory=dict)
     """`"k"` -> how many tasks entered that mean (tasks with fewer scored trials are left out)."""
+    metrics_only: int = 0
+    """Trials with metrics but no one reward (several metrics, none chosen): in no score above, and not
+    in `errors`."""
+
+
+class MetricMean(BaseModel):
+    """One metric over the trials that report it (a trial that does not is left out, not counted 0)."""
+
+    mean: float
+    se: float | None
+    n: int
+
+
+def metric_means(rewards: Iterable[Mapping[str, float]]) -> dict[str, MetricMean]:
+    """Per metric key (sorted): mean and standard error over the reward dicts that hold it."""
+    values: dict[str, list[float]] = {}
+    for reward in rewards:
+        for key, value in reward.items():
+            values.setdefault(key, []).append(value)
+    means = {}
+    for key in sorted(values):
+        mean, se = mean_and_se(values[key])
+        assert mean is not None
+        means[key] = MetricMean(mean=mean, se=se, n=len(values[key]))
+    return means
 
 
 def passed(reward: float | None, threshold: float = DEFAULT_PASS_THRESHOLD) -> bool | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,20 +22,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evaluation.errors import NoTasksSelected
-from evaluation.jobs import (
+from evaluation.harbor_format import TaskConfig
+from evaluation.jobs import Job, job_store_url, latest_job
+from evaluation.models import (
     EvalConfig,
-    Job,
     JobSummary,
     TokenCounts,
     TrialResult,
+    chosen_reward,
     classify_error,
-    job_store_url,
-    latest_job,
+    is_scored,
+    outcome_of,
 )
-from evaluation.metrics import passed
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, engine_for, token_counts
+from evaluation.trial_folder import write_trial_outputs
 from harbor_server import RolloutRequest
-from tasks import Dataset
+from tasks import Dataset, Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,10 +77,29 @@ def plan_trials(tasks: list[tuple[str, str]], attempts: int) -> list[Trial]:
     return [Trial(split, task_id, a) for split, task_id in tasks for a in range(attempts)]
 
 
-def trial_result(trial: Trial, outcome: RolloutOutcome, started_at: float, threshold: float) -> TrialResult:
+@dataclass(frozen=True)
+class TaskFacts:
+    """What a trial's files say about its task (Harbor's task_name, task_id path, task_checksum)."""
+
+    name: str
+    path: str
+    checksum: str
+
+    @classmethod
+    def of(cls, task: Task) -> TaskFacts:
+        return cls(name=task.name, path=str(task.paths.root), checksum=task.digest())
+
+    def fields(self) -> dict[str, str]:
+        return {"task_name": self.name, "task_path": self.path, "task_checksum": self.checksum}
+
+
+def trial_result(
+    trial: Trial, outcome: RolloutOutcome, started_at: float, config: EvalConfig, task: TaskFacts
+) -> TrialResult:
     result = outcome.result
     prompt, completion = token_counts(outcome.turns)
-    ok = passed(result.env_reward, threshold)
+    scored = is_scored(result)
+    reward = chosen_reward(result, config.reward_key)
     return TrialResult(
         trial_id=f"{trial.split}/{trial.task_id}/{trial.attempt}",
         split=trial.split,
@@ -83,11 +107,11 @@ def trial_result(trial: Trial, outcome: RolloutOutcome, started_at: float, thres
         attempt=trial.attempt,
         rollout_id=result.rollout_id,
         status=result.status,
-        outcome="error" if ok is None else ("pass" if ok else "fail"),
-        reward=result.env_reward,
+        outcome=outcome_of(scored, reward, config.pass_threshold),
+        reward=reward,
         rewards=result.rewards,
         error=result.error,
-        error_kind=classify_error(result.status, result.env_reward, result.error, result.timed_out),
+        error_kind=classify_error(result.status, scored, result.error, result.timed_out),
         timed_out=result.timed_out,
         timings=result.timings,
         started_at=started_at,
@@ -96,10 +120,12 @@ def trial_result(trial: Trial, outcome: RolloutOutcome, started_at: float, thres
         tokens=TokenCounts(prompt=prompt, completion=completion),
         tool_calls_by_name=result.tool_calls_by_name,
         tool_failures=result.tool_failures,
+        steps=result.steps,
+        **task.fields(),
     )
 
 
-def runner_error(trial: Trial, exc: Exception, started_at: float) -> TrialResult:
+def runner_error(trial: Trial, exc: Exception, started_at: float, task: TaskFacts) -> TrialResult:
     """A trial the server refused or lost: an error of kind `runner`, with the reason."""
     return TrialResult(
         trial_id=f"{trial.split}/{trial.task_id}/{trial.attempt}",
@@ -112,6 +138,7 @@ def runner_error(trial: Trial, exc: Exception, started_at: float) -> TrialResult
         error_kind="runner",
         started_at=started_at,
         finished_at=time.time(),
+        **task.fields(),
     )
 
 
@@ -144,8 +171,12 @@ async def run_eval(
     datasets = (
         dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
     )
-    trials = plan_trials(select_tasks(datasets, config.task_globs), config.attempts)
-    job = Job.create_or_resume(resolve_job_dir(jobs_dir, job_name, config, resume), config, resume=resume)
+    selected = select_tasks(datasets, config.task_globs)
+    trials = plan_trials(selected, config.attempts)
+    planned = [TaskConfig(path=str(datasets[s].get(t).paths.root), source=s) for s, t in selected]
+    job = Job.create_or_resume(
+        resolve_job_dir(jobs_dir, job_name, config, resume), config, resume=resume, tasks=planned
+    )
     finished = job.finished_keys()
     todo = [t for t in trials if t.key not in finished]
     started_at, t0 = time.time(), time.monotonic()
@@ -170,7 +201,7 @@ async def run_eval(
                     f"[yellow]marked {harbor.leftovers_marked} session(s) a killed run of this job left "
                     "running as failed[/]"
                 )
-            await _run_trials(harbor, job, config, todo, console)
+            await _run_trials(harbor, job, config, datasets, todo, console)
     summary = job.summarize(
         planned_trials=len(trials), started_at=started_at, wall_time_s=previous + time.monotonic() - t0
     )
@@ -181,51 +212,92 @@ async def run_eval(
 
 
 async def _run_trials(
-    harbor: LocalHarbor, job: Job, config: EvalConfig, todo: list[Trial], console: Console
+    harbor: LocalHarbor,
+    job: Job,
+    config: EvalConfig,
+    datasets: Mapping[str, Dataset],
+    todo: list[Trial],
+    console: Console,
 ) -> None:
     semaphore = asyncio.Semaphore(config.n_concurrent)
-    counts = {"pass": 0, "fail": 0, "error": 0}
+    counts = {"pass": 0, "fail": 0, "scored": 0, "error": 0}
+    facts: dict[tuple[str, str], TaskFacts] = {}
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("pass {task.fields[passed]}  fail {task.fields[failed]}  error {task.fields[errors]}"),
+        TextColumn(
+            "pass {task.fields[passed]}  fail {task.fields[failed]}  metrics {task.fields[scored]}  "
+            "error {task.fields[errors]}"
+        ),
         TimeElapsedColumn(),
         console=console,
     )
 
+    async def task_facts(trial: Trial) -> TaskFacts:
+        key = (trial.split, trial.task_id)
+        if key not in facts:  # the digest reads every file of the task: once per task
+            facts[key] = await asyncio.to_thread(TaskFacts.of, datasets[trial.split].get(trial.task_id))
+        return facts[key]
+
     async def one(trial: Trial, bar) -> None:
         async with semaphore:
             started_at = time.time()
-            sampling = {"sampling": config.sampling} if config.sampling is not None else {}
-            request = RolloutRequest(
-                **sampling,
-                split=trial.split,
-                task_id=trial.task_id,
-                harness=config.harness,
-                sandbox=config.sandbox,
-                model=config.model,
-                llm_url=config.llm_url,
-                agent_timeout_sec=config.agent_timeout_sec,
-                agent_step_limit=config.agent_step_limit,
-                purpose="eval",
-                seed=trial.attempt,
-                episode_id=f"{job.name}/{trial.task_id}/{trial.attempt}",
-                metadata={"eval_job": job.name, "attempt": trial.attempt},
-            )
-            try:
-                result = trial_result(trial, await harbor.run(request), started_at, config.pass_threshold)
-            except Exception as exc:  # one trial's failure is its result, never the job's end
-                result = runner_error(trial, exc, started_at)
+            task, outcome = TaskFacts(name=trial.task_id, path="", checksum=""), None
+            trial_dir = job.trial_dir(trial.split, trial.task_id, trial.attempt)
+            try:  # one trial's failure is its result, never the job's end
+                task = await task_facts(trial)
+                job.begin_trial(trial.split, trial.task_id, trial.attempt, task.path)
+                outcome = await harbor.run(rollout_request(config, job, trial, trial_dir))
+                result = trial_result(trial, outcome, started_at, config, task)
+            except Exception as exc:
+                result = runner_error(trial, exc, started_at, task)
+            if outcome is not None:
+                try:
+                    await asyncio.to_thread(
+                        write_trial_outputs, trial_dir, outcome, harness=config.harness, model=config.model
+                    )
+                except Exception as exc:  # the files beside result.json never cost the trial its result
+                    log.exception("trial %s: could not write its agent/verifier/artifacts files", trial_dir)
+                    console.print(
+                        f"{trial_dir.name}: its trajectory or artifacts were not written: {exc}", markup=False
+                    )
             job.write_trial(result)
             counts[result.outcome] += 1
             progress.update(
-                bar, advance=1, passed=counts["pass"], failed=counts["fail"], errors=counts["error"]
+                bar,
+                advance=1,
+                passed=counts["pass"],
+                failed=counts["fail"],
+                scored=counts["scored"],
+                errors=counts["error"],
             )
 
     with progress:
-        bar = progress.add_task(f"{config.harness}", total=len(todo), passed=0, failed=0, errors=0)
+        bar = progress.add_task(f"{config.harness}", total=len(todo), passed=0, failed=0, scored=0, errors=0)
         await asyncio.gather(*(one(t, bar) for t in todo))
+
+
+def rollout_request(config: EvalConfig, job: Job, trial: Trial, trial_dir: Path) -> RolloutRequest:
+    """The rollout of one trial; the server collects the task's artifacts into the trial's folder
+    (`artifacts/`, `steps/<step>/artifacts/`, as Harbor lays a trial out)."""
+    sampling = {"sampling": config.sampling} if config.sampling is not None else {}
+    return RolloutRequest(
+        **sampling,
+        split=trial.split,
+        task_id=trial.task_id,
+        harness=config.harness,
+        sandbox=config.sandbox,
+        model=config.model,
+        llm_url=config.llm_url,
+        agent_timeout_sec=config.agent_timeout_sec,
+        agent_step_limit=config.agent_step_limit,
+        purpose="eval",
+        artifacts_dir=str(trial_dir.resolve()),
+        seed=trial.attempt,
+        episode_id=f"{job.name}/{trial.task_id}/{trial.attempt}",
+        metadata={"eval_job": job.name, "attempt": trial.attempt},
+    )
 
 
 SHOWN_ERRORS = 10
@@ -247,27 +319,59 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def results_table(summary: JobSummary) -> Table:
-    """The final table: one row per task, then the job's headline numbers in the caption."""
+    """The final table: one row per task with one column per metric (as Harbor's CLI prints them), then
+    the job's headline numbers in the caption."""
     s = summary.scores
     table = Table(title=f"harbor eval {summary.job_name} ({summary.harness}, {summary.model or 'no model'})")
     table.add_column("task")
     table.add_column("trials", justify="right")
     table.add_column("pass", justify="right", style="green")
     table.add_column("fail", justify="right", style="red")
+    if s.metrics_only:
+        table.add_column("metrics only", justify="right")
     table.add_column("error", justify="right", style="yellow")
-    table.add_column("mean reward", justify="right")
+    for key in summary.metrics:
+        table.add_column(key, justify="right")
     for task, row in summary.per_task.items():
-        scored = [r for r in row["rewards"] if r is not None]
-        mean = sum(scored) / len(scored) if scored else None
-        table.add_row(
-            task, str(row["trials"]), str(row["passed"]), str(row["failed"]), str(row["errors"]), _fmt(mean)
-        )
+        cells = [task, str(row["trials"]), str(row["passed"]), str(row["failed"])]
+        cells += [str(row.get("metrics_only", 0))] if s.metrics_only else []
+        cells.append(str(row["errors"]))
+        cells += [_fmt(row.get("metrics", {}).get(key)) for key in summary.metrics]
+        table.add_row(*cells)
+    on = f" on {summary.reward_key!r}" if summary.reward_key else ""
     at_k = "  ".join(f"pass@{k} {_fmt(v)}" for k, v in s.pass_at_k.items())
     se = f" ± {_fmt(s.reward_se)}" if s.reward_se is not None else ""
+    means = "  ".join(
+        f"{k} {_fmt(m.mean)}" + (f" ± {_fmt(m.se)}" if m.se is not None else "")
+        for k, m in summary.metrics.items()
+    )
     errors = ", ".join(f"{k} {v}" for k, v in sorted(summary.errors_by_kind.items())) or "none"
-    table.caption = (
-        f"pass rate {_fmt(s.pass_rate)} ({s.passed}/{s.scored} scored)  {at_k}  mean reward {_fmt(s.mean_reward)}{se}\n"
+    lines = [
+        f"pass rate{on} {_fmt(s.pass_rate)} ({s.passed}/{s.scored} with a reward)  {at_k}  "
+        f"mean reward {_fmt(s.mean_reward)}{se}",
+        f"metrics: {means or 'none'}",
+    ]
+    if s.metrics_only:
+        lines.append(metrics_only_hint(summary))
+    lines.extend(
+        f"step {name}: {st.verified}/{st.trials} verified"
+        + "".join(f", {k} {_fmt(m.mean)}" for k, m in st.metrics.items())
+        for name, st in summary.steps.items()
+    )
+    lines.append(
         f"errors: {errors}  tokens {summary.tokens['total']}  wall {summary.wall_time_s:.1f} s"
         + ("" if summary.complete else f"  INCOMPLETE ({s.trials}/{summary.planned_trials} trials)")
     )
+    table.caption = "\n".join(lines)
     return table
+
+
+def metrics_only_hint(summary: JobSummary) -> str:
+    """Why some scored trials are in no pass rate or pass@k, and the flag that puts them there."""
+    n, keys = summary.scores.metrics_only, ", ".join(summary.metrics)
+    if summary.reward_key is not None:
+        return f"{n} scored trial(s) report no {summary.reward_key!r}: not in pass rate or pass@k (metrics: {keys})"
+    return (
+        f"{n} scored trial(s) report several metrics and no `reward`: pass@k needs one, "
+        f"give --reward-key (one of: {keys})"
+    )

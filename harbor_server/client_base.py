@@ -100,6 +100,20 @@ def prompt_instruction(prompt: str | Sequence[Mapping[str, Any]]) -> str:
     raise ValueError("a chat prompt needs a user message carrying the task's instruction")
 
 
+def _check_reward_key(tasks: Sequence[TaskInfo], reward_key: str | None, split: str | None) -> None:
+    """Refuse, once and before any rollout, tasks whose verifier never reports the key that trains."""
+    key = reward_key or "reward"
+    lacking = [t for t in tasks if t.reward_keys is not None and key not in t.reward_keys]
+    if not lacking:
+        return
+    names = ", ".join(f"{t.task_id} ({', '.join(t.reward_keys or []) or 'none'})" for t in lacking[:5])
+    more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+    hint = "set reward_key to one of the metrics they report" if reward_key is None else "choose another reward_key"
+    raise BadRolloutRequest(
+        f"reward_key {key!r}: {len(lacking)} task(s) of split {split!r} never report it: {names}{more}; {hint}"
+    )
+
+
 class TaskCatalog:
     """The tasks a factory offers: its split, cut to `indices` or the first `num_tasks` (as OpenEnv's
     HarborSessionFactory, `envs/harbor_env/harness.py`), found again by the instruction a prompt carries."""
@@ -514,7 +528,10 @@ class BaseHarborSessionFactory(Generic[ClientT]):
         self._catalog: TaskCatalog | None = None
 
     def _catalog_of(self, tasks: Sequence[TaskInfo]) -> TaskCatalog:
-        self._catalog = TaskCatalog(tasks, num_tasks=self.num_tasks, indices=self.indices)
+        catalog = TaskCatalog(tasks, num_tasks=self.num_tasks, indices=self.indices)
+        if self.config.purpose == "train":  # an evaluation reports every metric; training needs one
+            _check_reward_key(catalog.tasks, self.config.reward_key, self.config.split)
+        self._catalog = catalog
         return self._catalog
 
     @staticmethod

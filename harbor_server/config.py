@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capture_proxy.config import normalize_engine_url
+from tasks.network import AgentNetwork
 
 SandboxName = Literal["local", "docker", "e2b"]
 ExposeMode = Literal["direct", "gradio", "none"]
@@ -83,6 +84,15 @@ class ServeConfig(BaseModel):
     """Seconds the start-up engine probe waits for each answer."""
     sandbox_stop_timeout_s: float = Field(default=60.0, gt=0)
     """Seconds a sandbox gets to stop before the rollout gives up on it (it is logged, never hidden)."""
+    agent_network: AgentNetwork | None = None
+    """task: the agent phase gets the network its task declares; none: only the capture port (set-up
+    and the verifier keep the task's). None: `none` for train rollouts, `task` for eval ones
+    (docs/reliability.md, "Network")."""
+    strict: bool = False
+    """Refuse a whole dataset when one of its tasks cannot be loaded (default: serve the rest and
+    list the refused ones)."""
+    artifacts_dir: str | None = None
+    """Where task artifacts are collected, a folder per rollout; None: <runs dir>/artifacts."""
 
     @model_validator(mode="before")
     @classmethod

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capture_proxy.models import HeaderName, Purpose, SamplingParams, SessionStatus, require_int64
+from tasks.network import AgentNetwork
 
 RolloutStatus = SessionStatus
 """running, then one of completed | failed | timed_out | cancelled (terminal)."""
@@ -47,6 +48,12 @@ class RolloutRequest(BaseModel):
     purpose: Purpose = "train"
     reward_key: str | None = Field(default=None, min_length=1)
     """Which key of the verifier's reward.json is the reward; None uses the task's [verifier] reward_key."""
+    agent_network: AgentNetwork | None = None
+    """task: the agent phase gets the network the task declares; none: only the capture port. None:
+    the server's --agent-network, else `none` for purpose train and `task` for eval."""
+    artifacts_dir: str | None = None
+    """A folder on the server's host where the task's artifacts are collected (eval's trial folder);
+    None: `<server runs dir>/artifacts/<rollout id>`."""
     api_key: str | None = Field(default=None, repr=False)
     """Credential for `llm_url`, when the engine is token-gated (sent upstream only, never stored)."""
     auth_header: HeaderName | None = None
@@ -66,8 +73,25 @@ class RolloutRequest(BaseModel):
         return self
 
 
+class StepResult(BaseModel):
+    """One step of a `[[steps]]` task, in the order they ran (steps after an early stop are absent)."""
+
+    name: str
+    reward: float | None = None
+    """The step's reward (`reward_key`'s, `reward`, or the only metric); None when not one number."""
+    rewards: dict[str, float] = Field(default_factory=dict)
+    """Every number the step's verifier reported."""
+    error: str | None = None
+    timed_out: bool = False
+    verifier_output: str = ""
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
 class RolloutResult(BaseModel):
-    """How a rollout ended. `env_reward` None means unscoreable: never read it as 0."""
+    """How a rollout ended. `env_reward` None means unscoreable: never read it as 0.
+
+    A reward.json of several metrics with no `reward` key (and no `reward_key` chosen) is a valid,
+    scored result: `rewards` holds the metrics, `env_reward` is None and `error` is None."""
 
     rollout_id: str
     status: RolloutStatus
@@ -94,7 +118,17 @@ class RolloutResult(BaseModel):
     agent_exit_code: int | None = None
     agent_log_tail: str = ""
     verifier_output: str = ""
+    steps: list[StepResult] = Field(default_factory=list)
+    """Per-step results of a `[[steps]]` task; `rewards` is then their combination
+    (`multi_step_reward_strategy`: per-key mean over the steps that were verified, or the last's)."""
+    artifacts_dir: str | None = None
+    """Where the task's artifacts were collected (with Harbor's `manifest.json`), when any were."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def scored(self) -> bool:
+        """The verifier produced metrics (one training reward or several)."""
+        return self.env_reward is not None or bool(self.rewards)
 
     @property
     def tool_call_count(self) -> int:
@@ -130,6 +164,8 @@ class TaskInfo(BaseModel):
     has_solution: bool
     agent_timeout_sec: float
     metadata: dict[str, Any] = Field(default_factory=dict)
+    reward_keys: list[str] | None = None
+    """The metrics its verifier can report, as far as its tests tell (None: not known before a run)."""
 
 
 class TaskPage(BaseModel):
@@ -144,6 +180,8 @@ class DatasetInfo(BaseModel):
     split: str
     source: str
     num_tasks: int
+    refused: dict[str, str] = Field(default_factory=dict)
+    """Tasks that could not be loaded (task id -> why); the others are served."""
 
 
 class SandboxInfo(BaseModel):

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,20 +30,21 @@ from capture_proxy.config import normalize_engine_url
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.models import SessionCreate
 from capture_proxy.service import CaptureService
-from capture_proxy.store import ROLLOUT_KEY, TraceStore
+from capture_proxy.store import ROLLOUT_KEY, TraceStore, runs_dir
 from harbor_server.config import ServeConfig
 from harbor_server.engine_check import engine_context_length
 from harbor_server.errors import BadRolloutRequest, HarborServerError
-from harbor_server.models import RolloutPhase, RolloutRequest, RolloutState, RolloutStatus
+from harbor_server.models import RolloutPhase, RolloutRequest, RolloutState, RolloutStatus, StepResult
+from harbor_server.task_run import PhaseResult, TaskRun
 from harnesses import MODEL_FREE_HARNESSES, AgentOutcome, AgentRun, Harness
 from sandboxes import Sandbox, SandboxBackend
 from sandboxes.errors import SandboxError
-from tasks import Task, verify
+from tasks import Task
+from tasks.errors import TaskEnvError
+from tasks.network import AgentNetwork, sandbox_network
 
 log = logging.getLogger(__name__)
 
-AGENT_TIMEOUT_GRACE_S = 60.0
-"""Harnesses enforce the agent timeout inside the sandbox; this backstop fires that much later."""
 RECANCEL_INTERVAL_S = 1.0
 """A cancelled rollout whose task is still running after this long is cancelled again."""
 LOG_TAIL_CHARS = 4000
@@ -98,6 +100,43 @@ class _Ending:
     outcome: AgentOutcome | None = None
     verifier_output: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    steps: list[StepResult] = field(default_factory=list)
+    artifacts_dir: str | None = None
+
+
+def _merged_outcome(outcomes: list[AgentOutcome]) -> AgentOutcome:
+    """One outcome for a rollout whose agent ran once per step: counts summed, the last exit and log."""
+    if not outcomes:
+        return AgentOutcome()
+    calls: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    for outcome in outcomes:
+        for name, n in outcome.tool_calls_by_name.items():
+            calls[name] = calls.get(name, 0) + n
+        for name, n in outcome.tool_failures_by_name.items():
+            failures[name] = failures.get(name, 0) + n
+    last = outcomes[-1]
+    return AgentOutcome(
+        exit_code=last.exit_code,
+        timed_out=any(o.timed_out for o in outcomes),
+        error=next((o.error for o in outcomes if o.error is not None), None),
+        tool_calls_by_name=calls,
+        tool_failures_by_name=failures,
+        log_tail=last.log_tail,
+    )
+
+
+def _step_result(phase: PhaseResult) -> StepResult:
+    verifier = phase.verifier
+    return StepResult(
+        name=phase.name or "",
+        reward=verifier.reward if verifier is not None else None,
+        rewards=dict(verifier.rewards) if verifier is not None else {},
+        error=phase.failure,
+        timed_out=bool(phase.outcome and phase.outcome.timed_out),
+        verifier_output=_tail(verifier.stdout + verifier.stderr) if verifier is not None else "",
+        timings={k: round(v, 4) for k, v in phase.timings.items()},
+    )
 
 
 def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
@@ -224,10 +263,7 @@ class RolloutRunner:
             sandbox = await self._start_sandbox(live, ending)
             _raise_if_cancelled(live)
             live.phase = "agent"
-            await self._run_agent(live, sandbox, ending)
-            if ending.status != "failed":
-                live.phase = "verifying"
-                await self._verify(live, sandbox, ending)
+            await self._run_task(live, sandbox, ending)
         except asyncio.CancelledError:
             ending.status, ending.error = "cancelled", live.cancel_reason or "cancelled"
             ending.reward, ending.rewards = None, {}
@@ -245,7 +281,13 @@ class RolloutRunner:
 
     async def _start_sandbox(self, live: LiveRollout, ending: _Ending) -> Sandbox:
         t0 = time.monotonic()
-        spec = live.task.sandbox_spec(f"harbor-{live.rollout_id[:16]}", proxy_port=self.config.capture_port)
+        network = sandbox_network(live.task.config, agent_network=self._agent_network(live.request))
+        try:
+            spec = live.task.sandbox_spec(
+                f"harbor-{live.rollout_id[:16]}", proxy_port=self.config.capture_port, network=network
+            )
+        except TaskEnvError as exc:
+            raise HarborServerError(f"task {live.task.id}: {exc}") from None
         # May fetch the harness's pinned packages on first use (pip download, npm pack): off the loop.
         layer = await asyncio.to_thread(live.harness.image_layer)
         if layer is not None:
@@ -293,20 +335,31 @@ class RolloutRunner:
                 return None
         return self._context_lengths[key]
 
-    async def _run_agent(self, live: LiveRollout, sandbox: Sandbox, ending: _Ending) -> None:
+    def _agent_network(self, request: RolloutRequest) -> AgentNetwork:
+        """The request's, else the server's, else by purpose: training denies the agent phase the
+        network (docs/reliability.md, "Network"), evaluation gives what the task declares."""
+        return (
+            request.agent_network
+            or self.config.agent_network
+            or ("none" if request.purpose == "train" else "task")
+        )
+
+    def _artifacts_root(self, live: LiveRollout) -> Path:
+        if live.request.artifacts_dir is not None:
+            return Path(live.request.artifacts_dir)
+        root = Path(self.config.artifacts_dir) if self.config.artifacts_dir else runs_dir() / "artifacts"
+        return root / live.rollout_id
+
+    async def _run_task(self, live: LiveRollout, sandbox: Sandbox, ending: _Ending) -> None:
         request, task = live.request, live.task
-        timeout_s = request.agent_timeout_sec or task.config.agent.timeout_sec
         context_length = await self._context_length(live)
-        run = AgentRun(
+        template = AgentRun(
             instruction=task.instruction,
             base_url=self._agent_base_url(live.backend_name, sandbox),
             api_key=live.agent_key,
             model=live.model,
-            workdir=task.config.environment.workdir,
-            timeout_s=timeout_s,
             step_limit=request.agent_step_limit,
             purpose=request.purpose,
-            solution_dir=task.paths.solution_dir if task.paths.has_solution else None,
             context_length=context_length,
             max_tokens=request.sampling.max_tokens,
             extra={
@@ -317,37 +370,48 @@ class RolloutRunner:
                 "host_base_url": self._host_base_url(),  # for harnesses whose loop runs on this host
             },
         )
-        t0 = time.monotonic()
-        await sandbox.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier"], user="root", timeout_s=30.0)
         _raise_if_cancelled(live)
-        try:
-            async with asyncio.timeout(timeout_s + AGENT_TIMEOUT_GRACE_S):
-                outcome = await live.harness.run(sandbox, run)
-        except TimeoutError:
-            outcome = AgentOutcome(
-                timed_out=True, log_tail=f"the harness did not return within {timeout_s:.0f} s"
-            )
-        finally:
-            ending.timings["agent"] = time.monotonic() - t0
-        ending.outcome = outcome
-        ending.timed_out = outcome.timed_out
-        if outcome.error is not None:
-            # The harness itself failed (not the agent's attempt): scoring the untouched task would be
-            # a false 0, so the rollout is unscoreable.
-            ending.status, ending.error = "failed", f"harness {request.harness!r} failed: {outcome.error}"
-        else:
-            ending.status = "timed_out" if outcome.timed_out else "completed"
+        root = self._artifacts_root(live)
 
-    async def _verify(self, live: LiveRollout, sandbox: Sandbox, ending: _Ending) -> None:
+        def on_phase(phase: str) -> None:
+            live.phase = phase  # type: ignore[assignment]
+
+        run = TaskRun(
+            task,
+            sandbox,
+            live.harness,
+            template,
+            agent_network=self._agent_network(request),
+            agent_timeout_s=request.agent_timeout_sec,
+            artifacts_root=root,
+            keep_verifier_files=request.artifacts_dir is not None,
+            on_phase=on_phase,
+        )
         t0 = time.monotonic()
-        result = await verify(sandbox, live.task)
-        ending.timings["verifier"] = time.monotonic() - t0
+        result = await run.run()
+        ending.timings["task"] = time.monotonic() - t0
+        for key in ("agent", "verifier"):
+            spent = [p.timings[key] for p in result.phases if key in p.timings]
+            if spent:
+                ending.timings[key] = sum(spent)
+        ending.outcome = _merged_outcome([p.outcome for p in result.phases if p.outcome is not None])
+        ending.timed_out = ending.outcome.timed_out
         ending.reward, ending.rewards = result.reward, dict(result.rewards)
-        ending.verifier_output = _tail(result.stdout + result.stderr)
-        if result.reward is None:
-            ending.error = f"verifier gave no reward: {result.error}"
-        if not result.ran:  # the sandbox died under the rollout: a failure, not a finished attempt
-            ending.status = "failed"
+        ending.steps = [_step_result(p) for p in result.phases] if task.steps else []
+        ending.verifier_output = _tail(
+            "\n".join(p.verifier.stdout + p.verifier.stderr for p in result.phases if p.verifier is not None)
+        )
+        if (root / "artifacts").is_dir() or (root / "steps").is_dir():
+            ending.artifacts_dir = str(root)
+        harness_failed = any(p.error and p.error.startswith("harness ") for p in result.phases)
+        never_ran = any(p.verifier is not None and not p.verifier.ran for p in result.phases)
+        if harness_failed or never_ran or (result.error is not None and result.phases[-1].verifier is None):
+            ending.status = "failed"  # not a finished attempt: nothing the policy did was scored
+        else:
+            ending.status = "timed_out" if ending.timed_out else "completed"
+        ending.error = result.error
+        if harness_failed:
+            return  # the harness's own error says most (it may come from a failed model call)
         record = await asyncio.to_thread(self.store.get_session, live.rollout_id)
         if record.error is not None:
             # An engine call failed mid-rollout: what the verifier saw is not the policy's work.
@@ -392,6 +456,8 @@ class RolloutRunner:
             "agent_log_tail": _tail(outcome.log_tail),
             "verifier_output": ending.verifier_output,
             "timings": {k: round(v, 4) for k, v in ending.timings.items()},
+            "steps": [step.model_dump(mode="json") for step in ending.steps],
+            "artifacts_dir": ending.artifacts_dir,
         }
         record = await asyncio.to_thread(self.store.get_session, live.rollout_id)
         fields: dict[str, Any] = {

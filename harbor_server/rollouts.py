@@ -43,12 +43,14 @@ from harbor_server.models import (
     RolloutResult,
     RolloutState,
     RolloutStatus,
+    StepResult,
 )
 from harbor_server.rollout_run import LiveRollout, RolloutRunner
 from harnesses import Harness, UnknownHarness, get_harness, harness_names
 from sandboxes import BACKENDS, SandboxBackend, get_backend
 from sandboxes.errors import SandboxUnavailable
-from tasks import Dataset, Task, TaskNotFound
+from tasks import Dataset, Task, TaskNotFound, UnsupportedTaskFeature
+from tasks.support import check_supported
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ def result_from_record(record: SessionRecord) -> RolloutResult:
         agent_exit_code=facts.get("agent_exit_code"),
         agent_log_tail=facts.get("agent_log_tail") or "",
         verifier_output=facts.get("verifier_output") or "",
+        steps=[StepResult.model_validate(step) for step in facts.get("steps") or []],
+        artifacts_dir=facts.get("artifacts_dir"),
         metadata=dict(facts.get("metadata") or {}),
     )
 
@@ -272,7 +276,7 @@ class RolloutManager:
             harness = self._harness_factory(name)
         except UnknownHarness as exc:
             raise BadRolloutRequest(str(exc)) from None
-        if name == "oracle" and not task.paths.has_solution:
+        if name == "oracle" and not task.has_solution:
             raise BadRolloutRequest(
                 f"task {task.id!r} has no solution/solve.sh, so the oracle harness cannot run it"
             )
@@ -304,6 +308,10 @@ class RolloutManager:
             task = task.with_reward_key(request.reward_key)
         harness = self._resolve_harness(request.harness, task)
         backend_name = request.sandbox or self.config.sandbox
+        try:
+            check_supported(task, backend_name)
+        except UnsupportedTaskFeature as exc:
+            raise BadRolloutRequest(str(exc)) from None
         backend = self.backend(backend_name)
         if backend_name == "e2b" and self.config.public_url is None:
             raise BadRolloutRequest(

@@ -32,6 +32,7 @@ from harbor_server.rollouts import HarnessFactory, RolloutManager
 from harnesses import get_harness, harness_names
 from sandboxes import BACKENDS
 from tasks import Dataset, Task, load_dataset_spec
+from tasks.support import static_reward_keys
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,14 @@ def _version() -> str:
         return "0+unknown"
 
 
-def load_datasets(specs: list[str]) -> dict[str, Dataset]:
-    """Each --dataset spec as a split; two specs resolving to the same split name is an error."""
+def load_datasets(specs: list[str], *, strict: bool = False) -> dict[str, Dataset]:
+    """Each --dataset spec as a split; two specs resolving to the same split name is an error. A task
+    that fails to load is listed in its dataset's `refused` and logged (`strict`: refuse the dataset)."""
     datasets: dict[str, Dataset] = {}
     for spec in specs:
-        dataset = load_dataset_spec(spec)
+        dataset = load_dataset_spec(spec, strict=strict)
+        for refusal in dataset.refused:
+            log.warning("dataset %s: task %s refused: %s", spec, refusal.task_id, refusal.reason)
         if dataset.split in datasets:
             raise HarborServerError(
                 f"--dataset {spec!r} has split {dataset.split!r}, the same as {datasets[dataset.split].source!r}"
@@ -111,7 +115,9 @@ class HarborServer:
 
     async def start(self) -> None:
         if self._datasets is None:
-            self._datasets = await asyncio.to_thread(load_datasets, self.config.datasets)
+            self._datasets = await asyncio.to_thread(
+                load_datasets, self.config.datasets, strict=self.config.strict
+            )
         self.store = await asyncio.to_thread(TraceStore, self.store_url)
         proxy_config = ProxyConfig(
             upstream_url=self.config.llm_url,
@@ -272,7 +278,10 @@ class HarborServer:
 
     async def info(self) -> ServerInfo:
         datasets = [
-            DatasetInfo(split=s, source=d.source, num_tasks=len(d)) for s, d in self.manager.datasets.items()
+            DatasetInfo(
+                split=s, source=d.source, num_tasks=len(d), refused={r.task_id: r.reason for r in d.refused}
+            )
+            for s, d in self.manager.datasets.items()
         ]
         return ServerInfo(
             version=self.version,
@@ -295,7 +304,8 @@ class HarborServer:
             name=task.name,
             split=split,
             instruction=task.instruction,
-            has_solution=task.paths.has_solution,
-            agent_timeout_sec=task.config.agent.timeout_sec,
+            has_solution=task.has_solution,
+            agent_timeout_sec=task.agent_timeout_sec,
             metadata=dict(task.config.metadata),
+            reward_keys=static_reward_keys(task),
         )

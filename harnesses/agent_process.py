@@ -3,12 +3,16 @@ it prints on stdout kept in /logs/agent, its own `timeout`, and the outcome buil
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harnesses._common import LOG_DIR, tail, timeout_grace
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.skills import copy_skills
 from harnesses.tool_metrics import ToolMetrics
+from sandboxes.errors import SandboxError
 
 if TYPE_CHECKING:
     from sandboxes.base import ExecResult, Sandbox
@@ -50,7 +54,7 @@ class AgentProcess:
             timed_out=self.timed_out,
             error=error,
             tool_calls_by_name=metrics.calls_by_name,
-            tool_failures=metrics.failures,
+            tool_failures_by_name=metrics.failures_by_name,
             log_tail=tail(f"{self.result.stderr}\n{text}"),
         )
 
@@ -77,13 +81,17 @@ async def run_agent(
     env: dict[str, str],
     files: AgentFiles,
     extra_files: dict[str, bytes] | None = None,
+    *,
+    skills_folder: str | None = None,
 ) -> AgentProcess:
-    """Write the instruction (and `extra_files`, e.g. a config), run `argv` under coreutils `timeout`
-    (TERM at the limit, KILL 10 s later, exit 124), and read back the event log it printed."""
-    await sandbox.exec(["mkdir", "-p", LOG_DIR, files.state_dir], timeout_s=30.0)
-    for path, data in (extra_files or {}).items():
-        await sandbox.upload_file(data, path)
-    await sandbox.upload_file(run.instruction.encode(), files.instruction)
+    """Write the instruction (and `extra_files`, e.g. a config) into the agent's state folder, copy the
+    task's skills into `skills_folder`, run `argv` under coreutils `timeout` (TERM at the limit, KILL 10 s
+    later, exit 124) as the sandbox's default user, and read back the event log it printed."""
+    await write_state(
+        sandbox, files.state_dir, {**(extra_files or {}), files.instruction: run.instruction.encode()}
+    )
+    if skills_folder is not None:
+        await copy_skills(sandbox, run, skills_folder)
     script = (
         f'mkdir -p {LOG_DIR} && "$@" > {files.events_log} 2> {files.stderr_log} < {files.instruction}; '
         f"code=$?; tail -c 8000 {files.stderr_log} >&2; exit $code"
@@ -101,3 +109,31 @@ async def run_agent(
     except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
         return AgentProcess(agent, result, timed_out, None, f"{type(exc).__name__}: {exc}")
     return AgentProcess(agent, result, timed_out, events)
+
+
+async def write_state(sandbox: Sandbox, state_dir: str, files: dict[str, bytes]) -> None:
+    """Upload `files` (configs holding the session key, the instruction) into `state_dir`, and make the
+    folder the agent's and the files private to it: uploads land as root, and an agent that runs as the
+    task's `[agent] user` must read its config and write its state there. Harbor does the same: a state
+    folder made by root and given to the agent's uid (`harbor/agents/installed/codex.py:735-756`), each
+    config chowned to the agent and chmod 600 (`harbor/agents/installed/base.py:1118-1140`)."""
+    owner = await agent_owner(sandbox)
+    for path, data in files.items():
+        await sandbox.upload_file(data, path)
+    paths = " ".join(shlex.quote(path) for path in files)
+    folder = shlex.quote(state_dir)
+    # /logs/agent open to every user too, as Harbor makes it at start (`harbor/environments/base.py:781-803`).
+    script = f"mkdir -p {LOG_DIR} {folder} && chmod 777 {LOG_DIR} && chown -R {owner} {folder} && chmod 600 {paths}"
+    await sandbox.exec(["sh", "-c", script], user="root", timeout_s=30.0)
+
+
+async def agent_owner(sandbox: Sandbox) -> str:
+    """`uid:gid` of the sandbox's default user, the one the agent runs as (the image's USER or the task's
+    `[agent] user`), read from inside the sandbox as Harbor does (`id -u`, `id -g`)."""
+    result = await sandbox.exec(["sh", "-c", 'echo "harbor-rl-owner $(id -u):$(id -g)"'], timeout_s=30.0)
+    match = re.search(r"^harbor-rl-owner (\d+:\d+)$", result.stdout, re.MULTILINE)
+    if match is None:
+        raise SandboxError(
+            f"could not read the agent's uid and gid in the sandbox: {tail(result.stderr, 500)}"
+        )
+    return match.group(1)

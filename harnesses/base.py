@@ -31,6 +31,10 @@ class AgentRun(BaseModel):
     """The capture session key; the only credential the agent ever sees."""
     model: str
     workdir: str = "/app"
+    """Where the agent starts: the task's workdir, else its image's WORKDIR (the sandbox resolves it)."""
+    user: str | None = None
+    """`[agent] user`: who the agent runs as; None is the image's USER. The server hands harnesses a
+    sandbox whose commands already default to it (`sandboxes.with_default_user`)."""
     timeout_s: float = 600.0
     """Agent wall-clock limit in seconds."""
     step_limit: int = 0
@@ -43,6 +47,15 @@ class AgentRun(BaseModel):
     one: a harness whose agent asks for a fixed completion size must keep it inside this."""
     max_tokens: int | None = None
     """The session's cap on completion tokens per call, when one is set (the proxy enforces it too)."""
+    skills_dir: str | None = None
+    """`[environment] skills_dir`: a folder in the sandbox whose skills the harness copies to its agent's
+    own skills folder before the agent starts (Harbor's per-agent places); a harness whose agent has no
+    skills raises HarnessConfigError, as Harbor fails such a trial."""
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    """`[[environment.mcp_servers]]` (name, transport, url | command + args, headers), for the harness
+    to hand to its agent in the agent's own config format."""
+    solution_env: dict[str, str] = Field(default_factory=dict)
+    """`[solution] env`, `${VAR}` already read from the host (the oracle's)."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

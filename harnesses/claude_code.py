@@ -15,16 +15,23 @@ cannot redirect the agent), and train runs disallow WebFetch and WebSearch. Clau
 32,000 completion tokens a call unless CLAUDE_CODE_MAX_OUTPUT_TOKENS says otherwise, which is sized to
 the engine's context as for opencode. `--max-turns` is the step limit, and the proxy's budget backs
 it. Tool counts come from the stream-json events it prints.
+
+Task extras, as Harbor hands them over (`harbor/agents/installed/claude_code.py`): the task's skills_dir is
+copied into `$CLAUDE_CONFIG_DIR/skills/`, and its MCP servers go into `$CLAUDE_CONFIG_DIR/.claude.json`
+as user-scoped `mcpServers` (loaded without a trust prompt), header values by `${VAR}` reference to the
+exec environment.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from harnesses._common import LOG_DIR, completion_budget
 from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.mcp import McpServers, mcp_servers
 from harnesses.stream_json import parse_events
 from harnesses.tool_metrics import summarize
 from sandboxes.base import ImageLayer
@@ -39,6 +46,10 @@ EVENTS_LOG = f"{LOG_DIR}/claude-code.jsonl"
 STDERR_LOG = f"{LOG_DIR}/claude-code.stderr.txt"
 STATE_DIR = "/tmp/harbor-rl-claude-code"
 """CLAUDE_CONFIG_DIR: its settings, session transcripts and caches live here, not in the task's HOME."""
+SKILLS_DIR = f"{STATE_DIR}/skills"
+"""Claude Code's user skills folder, `$CLAUDE_CONFIG_DIR/skills/`."""
+USER_CONFIG = f"{STATE_DIR}/.claude.json"
+"""Its global config, where user-scoped MCP servers live."""
 FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{STATE_DIR}/instruction.md", STATE_DIR)
 OFF_SANDBOX_TOOLS = ("WebFetch", "WebSearch")
 OUTPUT_TOKEN_MAX = 32_000
@@ -111,7 +122,12 @@ class ClaudeCodeHarness:
         return env
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
-        process = await run_agent(sandbox, run, self.name, self.command(run), self.environment(run), FILES)
+        servers = mcp_servers(run, self.name, headers=True)
+        config = {USER_CONFIG: json.dumps(render_mcp_config(servers)).encode()} if servers.servers else {}
+        env = {**self.environment(run), **servers.env}
+        process = await run_agent(
+            sandbox, run, self.name, self.command(run), env, FILES, config, skills_folder=SKILLS_DIR
+        )
         if process.events is None:
             return process.without_log()
         summary = parse_events(process.events, self.name)
@@ -130,3 +146,21 @@ def platform_package() -> str:
         if linux_machine() == "aarch64"
         else "@anthropic-ai/claude-code-linux-x64"
     )
+
+
+def render_mcp_config(servers: McpServers) -> dict[str, Any]:
+    """`.claude.json`'s `mcpServers`, as Harbor writes them
+    (`harbor/agents/installed/claude_code.py:1902-1935`): stdio servers by command and args, HTTP ones by
+    type (`streamable-http` is Claude Code's `http`) and URL, each header a `${VAR}` that Claude Code
+    expands from its environment."""
+    entries: dict[str, dict[str, Any]] = {}
+    for server in servers.servers:
+        if server.transport == "stdio":
+            entries[server.name] = {"type": "stdio", "command": server.command, "args": server.args}
+            continue
+        kind = "http" if server.transport == "streamable-http" else server.transport
+        entry: dict[str, Any] = {"type": kind, "url": server.url}
+        if server.name in servers.header_refs:
+            entry["headers"] = {name: f"${{{var}}}" for name, var in servers.header_refs[server.name].items()}
+        entries[server.name] = entry
+    return {"mcpServers": entries}

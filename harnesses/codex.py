@@ -16,6 +16,11 @@ no execpolicy rules (`--ignore-rules`). The engine's context, when known, is its
 `max_model_calls` ends a run at the step limit with a final message. Tool counts come from the session
 rollout it writes under `$CODEX_HOME/sessions/` (every `function_call` and its output; the `--json`
 events list only commands and file changes), errors from the `--json` events it prints.
+
+Task extras, as Harbor hands them over (`harbor/agents/installed/codex.py`): the task's skills_dir is
+copied into a user skills folder codex reads (see SKILLS_DIR), and its MCP servers become
+`[mcp_servers.<name>]` tables of the config.toml above, header values named by environment variable
+(`env_http_headers`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from harnesses._common import LOG_DIR
 from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.mcp import McpServers, mcp_servers
 from harnesses.tool_metrics import ToolResult, summarize
 from sandboxes.base import ImageLayer
 
@@ -46,6 +52,9 @@ CODEX_HOME = "/opt/harbor-rl/codex-home"
 FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{CODEX_HOME}/instruction.md", CODEX_HOME)
 KEY_ENV = "HARBOR_SESSION_KEY"
 ROLLOUTS = f"{CODEX_HOME}/sessions"
+SKILLS_DIR = f"{CODEX_HOME}/skills"
+"""Its user skills folder under our CODEX_HOME (Harbor copies to `$HOME/.agents/skills/`, which codex
+also reads; ours keeps the task's HOME untouched and the skills with the run's own state)."""
 
 
 class CodexHarness:
@@ -92,9 +101,11 @@ class CodexHarness:
         }
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
-        config = {f"{CODEX_HOME}/config.toml": render_config(run).encode()}
+        servers = mcp_servers(run, self.name, headers=True)
+        config = {f"{CODEX_HOME}/config.toml": render_config(run, servers).encode()}
+        env = {**self.environment(run), **servers.env}
         process = await run_agent(
-            sandbox, run, self.name, self.command(run), self.environment(run), FILES, config
+            sandbox, run, self.name, self.command(run), env, FILES, config, skills_folder=SKILLS_DIR
         )
         if process.events is None:
             return process.without_log()
@@ -107,8 +118,9 @@ class CodexHarness:
         )
 
 
-def render_config(run: AgentRun) -> str:
-    """codex's config.toml: the proxy as its only provider, everything else that reaches out off."""
+def render_config(run: AgentRun, servers: McpServers | None = None) -> str:
+    """codex's config.toml: the proxy as its only provider, everything else that reaches out off, and the
+    task's MCP servers."""
     lines = [
         f"model = {_toml(run.model)}",
         f"model_provider = {_toml(PROVIDER)}",
@@ -133,7 +145,26 @@ def render_config(run: AgentRun) -> str:
         "enabled = false",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + (mcp_tables(servers) if servers else []))
+
+
+def mcp_tables(servers: McpServers) -> list[str]:
+    """`[mcp_servers.<name>]` tables, as Harbor writes them (`harbor/agents/installed/codex.py:1987-2047`):
+    `command` and `args` for stdio, `url` for HTTP (codex speaks streamable HTTP; Harbor does not tell SSE
+    apart either), and `env_http_headers` naming the variable that holds each header's value."""
+    lines: list[str] = []
+    for server in servers.servers:
+        lines.append(f"[mcp_servers.{_toml(server.name)}]")
+        if server.transport == "stdio":
+            lines += [f"command = {_toml(server.command or '')}", f"args = {json.dumps(server.args)}"]
+        else:
+            lines.append(f"url = {_toml(server.url or '')}")
+        refs = servers.header_refs.get(server.name)
+        if refs:
+            pairs = ", ".join(f"{_toml(name)} = {_toml(var)}" for name, var in refs.items())
+            lines.append(f"env_http_headers = {{ {pairs} }}")
+        lines.append("")
+    return lines
 
 
 def _toml(value: str) -> str:

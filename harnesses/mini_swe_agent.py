@@ -9,6 +9,10 @@ Run: `mini-swe-agent --yolo --model openai/<model> --task <instruction> --cost-l
 session key as OPENAI_API_KEY. The step limit becomes `agent.step_limit` and the agent timeout
 `agent.wall_time_limit_seconds` (a little under the hard `timeout`, so the agent stops cleanly and its
 trajectory is complete). Tool counts come from the trajectory it writes to /logs/agent.
+
+Task extras, as Harbor treats them (`harbor/agents/installed/mini_swe_agent.py`): it has no skills, so a
+task with a skills_dir is refused, and no MCP client, so the task's MCP servers are listed in a block
+appended to the instruction (Harbor's text, verbatim); servers with headers are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from pydantic import BaseModel, Field
 from harnesses._common import LOG_DIR, tail, timeout_grace
 from harnesses.assets import ensure_asset, pip_download
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.mcp import mcp_servers
+from harnesses.skills import refuse_skills
 from harnesses.tool_metrics import ToolResult, summarize
 from sandboxes.base import ImageLayer
 
@@ -102,7 +108,7 @@ class MiniSweAgentHarness:
             "-c", f"environment.timeout={self.command_timeout_s}",
         ]  # fmt: skip
         return [
-            BINARY, "--yolo", "--model", f"openai/{run.model}", "--task", run.instruction,
+            BINARY, "--yolo", "--model", f"openai/{run.model}", "--task", task_text(run),
             "--cost-limit", "0", "--exit-immediately", "--output", TRAJECTORY, *config,
         ]  # fmt: skip
 
@@ -123,6 +129,7 @@ class MiniSweAgentHarness:
         }
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
+        refuse_skills(self.name, run)
         argv = [
             "bash", "-c", f'mkdir -p {LOG_DIR} && "$@" > {OUTPUT_LOG} 2>&1; code=$?; tail -c 20000 {OUTPUT_LOG}; exit $code',
             "bash", "timeout", "--kill-after=10", str(max(1, int(run.timeout_s))), *self.command(run),
@@ -157,6 +164,21 @@ class MiniSweAgentHarness:
                 f"{output}\n[exit status: {summary.exit_status or 'none'}; model calls: {summary.api_calls}]"
             ),
         )
+
+
+def task_text(run: AgentRun) -> str:
+    """The instruction, and the task's MCP servers listed after it as Harbor does
+    (`harbor/agents/installed/mini_swe_agent.py:852-861`)."""
+    servers = mcp_servers(run, "mini-swe-agent", headers=False).servers
+    if not servers:
+        return run.instruction
+    block = "\n\nMCP Servers:\nThe following MCP servers are available for this task.\n"
+    for server in servers:
+        if server.transport == "stdio":
+            block += f"- {server.name}: stdio transport, command: {server.command} {' '.join(server.args)}\n"
+        else:
+            block += f"- {server.name}: {server.transport} transport, url: {server.url}\n"
+    return run.instruction + block
 
 
 def install_lines(requirements: list[str]) -> list[str]:

@@ -14,6 +14,10 @@ codesearch). Its model entry carries `limit: {context, output}` sized to the eng
 with a 32k context refuses, so no call would be captured. opencode has no hard step limit of its own (`steps` only asks the model to stop), so the
 proxy's `max_model_calls` is what ends a run at the step limit: it answers with a final message and
 no tool call. Tool counts come from the JSON event stream it prints.
+
+Task extras, as Harbor hands them over (`harbor/agents/installed/opencode.py`): the task's skills_dir is
+copied into its global config folder's `skills/` (Harbor's `~/.config/opencode/skills/`; ours is under
+XDG_CONFIG_HOME), and its MCP servers become `mcp` entries of the config above.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from harnesses._common import LOG_DIR, completion_budget, tail, timeout_grace
+from harnesses._common import LOG_DIR, completion_budget
+from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, extract_member, linux_machine, npm_pack
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.mcp import McpServers, mcp_servers
 from harnesses.tool_metrics import ToolResult, summarize
 from sandboxes.base import ImageLayer
 
@@ -42,7 +48,10 @@ EVENTS_LOG = f"{LOG_DIR}/opencode.jsonl"
 STDERR_LOG = f"{LOG_DIR}/opencode.stderr.txt"
 STATE_DIR = "/tmp/harbor-rl-opencode"
 """opencode's XDG config/data/cache/state folders (its session database and logs live here)."""
-INSTRUCTION_FILE = f"{STATE_DIR}/instruction.md"
+CONFIG_DIR = f"{STATE_DIR}/config/opencode"
+"""Its global config folder (`$XDG_CONFIG_HOME/opencode`), the one it reads skills from."""
+SKILLS_DIR = f"{CONFIG_DIR}/skills"
+FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{STATE_DIR}/instruction.md", STATE_DIR)
 OFF_SANDBOX_TOOLS = ("webfetch", "websearch", "codesearch")
 OUTPUT_TOKEN_MAX = 32_000
 """opencode's completion size when its model has no `limit.output` (`OUTPUT_TOKEN_MAX` in its source)."""
@@ -101,43 +110,15 @@ class OpenCodeHarness:
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
         # The instruction goes in on stdin, verbatim: as an argument opencode would wrap it in quotes
         # (it quotes arguments that contain spaces) and read a leading dash as a flag.
-        await sandbox.exec(["mkdir", "-p", LOG_DIR, STATE_DIR], timeout_s=30.0)
-        await sandbox.upload_file(run.instruction.encode(), INSTRUCTION_FILE)
-        script = (
-            f'mkdir -p {LOG_DIR} && "$@" > {EVENTS_LOG} 2> {STDERR_LOG} < {INSTRUCTION_FILE}; code=$?; '
-            f"tail -c 8000 {STDERR_LOG} >&2; exit $code"
+        env = self.environment(run)  # first: a task's MCP servers it cannot use are refused here
+        process = await run_agent(
+            sandbox, run, self.name, self.command(run), env, FILES, skills_folder=SKILLS_DIR
         )
-        argv = ["bash", "-c", script, "bash", "timeout", "--kill-after=10", str(max(1, int(run.timeout_s)))]
-        result = await sandbox.exec(
-            [*argv, *self.command(run)],
-            cwd=run.workdir,
-            env=self.environment(run),
-            timeout_s=timeout_grace(run.timeout_s),
-        )
-        timed_out = result.timed_out or result.exit_code == 124
-        try:
-            raw = (await sandbox.download_file(EVENTS_LOG)).decode("utf-8", errors="replace")
-        except Exception as exc:  # noqa: BLE001 - any backend's "file not found" means the same here
-            return AgentOutcome(
-                exit_code=result.exit_code,
-                timed_out=timed_out,
-                error=None
-                if timed_out
-                else f"opencode wrote no event log ({type(exc).__name__}: {exc}); exit code {result.exit_code}",
-                log_tail=tail(result.stdout + result.stderr),
-            )
-        summary = parse_events(raw)
-        metrics = summarize(summary.tool_results)
-        error = summary.error
-        if error is None and result.exit_code not in (0, None) and not timed_out:
-            error = f"opencode exited with code {result.exit_code}"
-        return AgentOutcome(
-            exit_code=result.exit_code,
-            timed_out=timed_out,
-            error=error,
-            tool_calls_by_name=metrics.calls_by_name,
-            tool_failures_by_name=metrics.failures_by_name,
-            log_tail=tail(f"{result.stderr}\n{summary.text}\n[steps: {summary.steps}]"),
+        if process.events is None:
+            return process.without_log()
+        summary = parse_events(process.events)
+        return process.outcome(
+            summarize(summary.tool_results), summary.error, f"{summary.text}\n[steps: {summary.steps}]"
         )
 
 
@@ -175,7 +156,23 @@ def render_config(run: AgentRun) -> dict[str, Any]:
         config["tools"] = dict.fromkeys(OFF_SANDBOX_TOOLS, False)
     if run.step_limit > 0:
         config["agent"] = {"build": {"steps": run.step_limit}}
+    servers = mcp_servers(run, "opencode", headers=False)
+    if servers.servers:
+        config["mcp"] = mcp_config(servers)
     return config
+
+
+def mcp_config(servers: McpServers) -> dict[str, Any]:
+    """opencode's `mcp` entries, as Harbor writes them (`harbor/agents/installed/opencode.py:836-893`): a
+    stdio server is `local` with its command line, an HTTP one `remote` with OAuth discovery off (a task's
+    server has no OAuth to offer). opencode sends no headers, so a server with headers is refused."""
+    entries: dict[str, Any] = {}
+    for server in servers.servers:
+        if server.transport == "stdio":
+            entries[server.name] = {"type": "local", "command": [server.command, *server.args]}
+        else:
+            entries[server.name] = {"type": "remote", "url": server.url, "oauth": False}
+    return entries
 
 
 def model_entry(run: AgentRun) -> dict[str, Any]:

@@ -14,6 +14,11 @@ the tools that leave the sandbox (web_fetch, web_search). The completion size go
 QWEN_CODE_MAX_OUTPUT_TOKENS, sized to the engine's context as for opencode (it otherwise asks for the
 model's declared limit, 32,000 for an unknown model). `--max-session-turns` is the step limit, backed
 by the proxy's budget. Tool counts come from the stream-json events it prints (Claude Code's shape).
+
+Task extras, as Harbor hands them over (`harbor/agents/installed/qwen_code.py`): the task's skills_dir is
+copied into `$QWEN_HOME/skills/` (Harbor's `~/.qwen/skills/`; QWEN_HOME is where Qwen Code keeps its
+global settings and skills), and its MCP servers become `mcpServers` of the user settings. Qwen Code
+sends no headers, so a server with headers is refused, as Harbor does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from harnesses._common import LOG_DIR, completion_budget
 from harnesses.agent_process import AgentFiles, run_agent
 from harnesses.assets import ensure_asset, linux_machine, npm_files, npm_pack, unpack
 from harnesses.base import AgentOutcome, AgentRun
+from harnesses.mcp import McpServers, mcp_servers
 from harnesses.stream_json import parse_events
 from harnesses.tool_metrics import summarize
 from sandboxes.base import ImageLayer
@@ -44,6 +50,7 @@ EVENTS_LOG = f"{LOG_DIR}/qwen-code.jsonl"
 STDERR_LOG = f"{LOG_DIR}/qwen-code.stderr.txt"
 QWEN_HOME = "/tmp/harbor-rl-qwen-code"
 FILES = AgentFiles(EVENTS_LOG, STDERR_LOG, f"{QWEN_HOME}/instruction.md", QWEN_HOME)
+SKILLS_DIR = f"{QWEN_HOME}/skills"
 OFF_SANDBOX_TOOLS = ("web_fetch", "web_search")
 OUTPUT_TOKEN_MAX = 32_000
 TURN_LIMIT_EXIT = 53
@@ -120,8 +127,9 @@ class QwenCodeHarness:
 
     async def run(self, sandbox: Sandbox, run: AgentRun) -> AgentOutcome:
         settings = {f"{QWEN_HOME}/settings.json": json.dumps(render_settings(run)).encode()}
+        argv, env = self.command(run), self.environment(run)
         process = await run_agent(
-            sandbox, run, self.name, self.command(run), self.environment(run), FILES, settings
+            sandbox, run, self.name, argv, env, FILES, settings, skills_folder=SKILLS_DIR
         )
         if process.events is None:
             return process.without_log()
@@ -143,4 +151,21 @@ def render_settings(run: AgentRun) -> dict[str, Any]:
     }
     if run.context_length:
         settings["model"] = {"generationConfig": {"contextWindowSize": run.context_length}}
+    servers = mcp_servers(run, "qwen-code", headers=False)
+    if servers.servers:
+        settings["mcpServers"] = mcp_settings(servers)
     return settings
+
+
+def mcp_settings(servers: McpServers) -> dict[str, Any]:
+    """`mcpServers`, as Harbor writes them (`harbor/agents/installed/qwen_code.py:668-684`): stdio by command
+    and args, streamable HTTP by `httpUrl`, SSE by `url`."""
+    entries: dict[str, Any] = {}
+    for server in servers.servers:
+        if server.transport == "stdio":
+            entries[server.name] = {"command": server.command, "args": server.args}
+        elif server.transport == "streamable-http":
+            entries[server.name] = {"httpUrl": server.url}
+        else:
+            entries[server.name] = {"url": server.url}
+    return entries

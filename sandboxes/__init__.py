@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxes.base import ExecResult, ImageLayer, NetworkMode, Sandbox, SandboxBackend, SandboxSpec
+from sandboxes.base import (
+    ExecResult,
+    ImageLayer,
+    NetworkMode,
+    Sandbox,
+    SandboxBackend,
+    SandboxSpec,
+    with_default_user,
+)
 from sandboxes.errors import (
     SandboxBuildError,
     SandboxError,
@@ -65,6 +73,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxUnavailable",
     "UnsupportedEnvironment",
+    "with_default_user",
     "get_backend",
     "proxy_base_url",
 ]

@@ -37,16 +37,25 @@ class SandboxSpec(BaseModel):
     """Unique per rollout; used for container names, labels and work folders."""
     environment_dir: Path | None = None
     """The task's `environment/` folder (Dockerfile + build context)."""
+    compose_file: Path | None = None
+    """The task's `environment/docker-compose.yaml`: the sandbox is its `main` service, run with the
+    task's other services under Docker Compose (docker only)."""
     docker_image: str | None = None
     """A prebuilt image to use instead of building `environment_dir`."""
-    workdir: str = "/app"
+    workdir: str | None = None
+    """Where commands run and relative paths start; None: the image's WORKDIR. A started sandbox's
+    `spec.workdir` is always resolved."""
     cpus: float = 1.0
     memory_mb: int = 2048
     storage_mb: int = 10240
     pids_limit: int = 512
     """Most processes the sandbox may run at once (contains fork bombs)."""
+    gpus: int = 0
+    """GPUs to attach (docker only; other backends refuse a spec that asks for any)."""
     network_mode: NetworkMode = "no-network"
-    """public: anything; no-network: only the capture proxy; allowlist: the proxy plus `allowed_hosts`."""
+    """What the sandbox starts with, the widest any phase of the run needs (`apply_network` narrows
+    it per phase). public: anything but the host and private ranges; no-network: only the capture
+    proxy; allowlist: the proxy plus `allowed_hosts`."""
     allowed_hosts: list[str] = Field(default_factory=list)
     proxy_port: int | None = None
     """Host port of the capture proxy, the one address every sandbox may reach."""
@@ -102,6 +111,13 @@ class Sandbox(Protocol):
 
     async def download_dir(self, remote_dir: str, local_dir: Path) -> None: ...
 
+    async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
+        """From now on, let the sandbox reach only what `mode` allows (a phase's policy: the agent's,
+        the verifier's); the start policy again restores it. It may narrow what the sandbox started
+        with, never widen it (SandboxError); the capture proxy stays reachable. Raises
+        UnsupportedEnvironment when the backend cannot apply the mode (local: an allow-list)."""
+        ...
+
     async def stop(self) -> None: ...
 
 
@@ -120,3 +136,23 @@ class SandboxBackend(Protocol):
     async def sweep(self) -> int:
         """Remove sandboxes left behind by a crashed process; returns how many were removed."""
         ...
+
+
+class _DefaultUser:
+    """A sandbox whose commands run as `user` unless they name one (see `with_default_user`)."""
+
+    def __init__(self, sandbox: Sandbox, user: str) -> None:
+        self._sandbox = sandbox
+        self._user = user
+
+    async def exec(self, command: str | list[str], *, user: str | None = None, **kwargs) -> ExecResult:
+        return await self._sandbox.exec(command, user=user or self._user, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sandbox, name)
+
+
+def with_default_user(sandbox: Sandbox, user: str | None) -> Sandbox:
+    """`sandbox`, with commands that name no user run as `user` (a task's `[agent] user`, Harbor's
+    `with_default_user`); `sandbox` itself when `user` is None (the image's USER)."""
+    return sandbox if user is None else _DefaultUser(sandbox, user)  # type: ignore[return-value]

@@ -1,15 +1,22 @@
 """The `docker` backend: one container per rollout on a real Docker engine (Docker SDK, in threads).
 
 Containers are labelled (`harbor-rl.sandbox=1`, `harbor-rl.owner=<pid>@<host>`), limited (CPU, memory
-without swap, pids), kept alive by `sleep infinity` under docker-init, and removed on stop; `sweep()`
-removes the ones whose owning process is gone.
+without swap, pids), kept alive by `sleep infinity` under docker-init (the image's ENTRYPOINT is kept and
+receives it as its command, as Harbor does), and removed on stop; `sweep()` removes the ones whose owning
+process is gone. A task with a `docker-compose.yaml` runs under Docker Compose (`sandboxes/compose.py`).
 
 Network: every sandbox sits on a harbor-rl bridge network (one per network mode, inter-container
-traffic off). The firewall (`_Firewall` below: chains HRL-IN and HRL-FWD hooked from
-INPUT and DOCKER-USER for interfaces `hrl+`) lets a sandbox reach the host only at its network's
-gateway on the capture proxy's port; forwarded traffic is dropped for `no-network`, allowed for
-`public`, and allowed per container to the resolved `allowed_hosts` for `allowlist`. When the proxy
-listens on 127.0.0.1 only, a small TCP forwarder on gateway:port carries the traffic to it.
+traffic off; a compose project has bridges of its own), and the firewall (`sandboxes/firewall.py`:
+chains hooked from INPUT and DOCKER-USER for interfaces `hrl+`) decides what it reaches:
+- the host only at its network's gateway on the capture proxy's port (when the proxy listens on
+  127.0.0.1 only, a small TCP forwarder on gateway:port carries the traffic to it);
+- `public`: the internet, but no private, carrier-grade-NAT, link-local (cloud metadata), loopback,
+  multicast or reserved range, nor the host's own LANs, except the host's DNS resolvers on port 53;
+- `allowlist`: only the allowed hosts' addresses (names resolved on the host and pinned into the
+  container's /etc/hosts, so it needs no DNS), host addresses included when the list names them;
+- `no-network`: nothing but the proxy.
+`apply_network` narrows a running sandbox for a phase (the agent's, the verifier's) with rules keyed by
+its IP and named after it, replaced on each call and removed with it.
 """
 
 from __future__ import annotations
@@ -34,9 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandboxes import firewall
 from sandboxes.base import ExecResult, NetworkMode, SandboxSpec
-from sandboxes.errors import SandboxError, SandboxPathError, SandboxUnavailable
+from sandboxes.errors import SandboxError, SandboxPathError, SandboxUnavailable, UnsupportedEnvironment
 from sandboxes.images import ImageBuilder
+from sandboxes.policy import Allowlist, check_narrowing, normalize_host, resolve_allowlist
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +55,10 @@ NAME_LABEL = "harbor-rl.name"
 NETWORK_LABEL = "harbor-rl.network"
 _NETWORKS: dict[str, tuple[str, str]] = {
     # mode: (network name, bridge interface; <= 15 characters, all matching the `hrl+` rules)
-    "no-network": ("harbor-rl-nonet", "hrl-nonet0"),
-    "public": ("harbor-rl-public", "hrl-public0"),
-    "allowlist": ("harbor-rl-allow", "hrl-allow0"),
+    "no-network": ("harbor-rl-nonet", firewall.NONET_BRIDGE),
+    "public": ("harbor-rl-public", firewall.PUBLIC_BRIDGE),
+    "allowlist": ("harbor-rl-allow", firewall.ALLOW_BRIDGE),
 }
-_CHAIN_IN, _CHAIN_FWD = "HRL-IN", "HRL-FWD"
-_IFACE_MATCH = "hrl+"
 _PIDFILE = "/tmp/.harbor-exec-{id}"
 # `$$` of this shell is the exec's process-group leader: docker makes every exec a session leader,
 # so killing that group on timeout kills everything the command started (unless it left the group).
@@ -120,10 +127,18 @@ class DockerBackend:
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        if spec.compose_file is not None:
+            from sandboxes.compose import start_compose
+
+            return await start_compose(self, spec)
         client = await _blocking(self._connect)
         image = await _blocking(self.builder.image_for, spec)
+        if spec.workdir is None:  # the image's own WORKDIR, as Harbor runs it
+            spec = spec.model_copy(update={"workdir": await _blocking(_image_workdir, client, image)})
         allowed = (
-            await _blocking(_resolve_hosts, spec.allowed_hosts) if spec.network_mode == "allowlist" else {}
+            await _blocking(resolve_allowlist, spec.allowed_hosts)
+            if spec.network_mode == "allowlist"
+            else Allowlist()
         )
         for attempt in (1, 2):
             network = await _blocking(self._network_for, spec.network_mode)
@@ -131,7 +146,7 @@ class DockerBackend:
                 await _blocking(self._allow_proxy_port, network, spec.proxy_port)
                 await self._ensure_forwarder(network, spec.proxy_port)
             try:
-                container = await _blocking(self._run_container, client, spec, image, network, allowed)
+                container = await _blocking(self._run_container, client, spec, image, network, allowed.pins)
                 break
             except _NetworkGone:
                 # Another process removed the idle network between our setup and the start: redo it.
@@ -140,13 +155,19 @@ class DockerBackend:
                     raise SandboxError(
                         f"network {network.name} keeps disappearing; is another process removing it?"
                     ) from None
-        sandbox = DockerSandbox(spec, container, network, backend=self)
+        sandbox = DockerSandbox(spec, container, network, backend=self, allowed=allowed)
         try:
             if self.firewall:  # re-check: the rules must be in place while the sandbox runs
                 await _blocking(self._ensure_firewall)
-            if allowed:
-                ip = await _blocking(_container_ip, container, network.name)
-                await _blocking(self._allow_hosts_for, container.name, ip, sorted(set(allowed.values())))
+                await _blocking(self._claim_ip, sandbox)
+            if allowed.addresses:
+                await _blocking(
+                    self._firewall_call,
+                    firewall.allow_addresses,
+                    container.name,
+                    ["-s", sandbox.ip],
+                    allowed.addresses,
+                )
         except BaseException:
             await sandbox.stop()
             raise
@@ -160,13 +181,20 @@ class DockerBackend:
             if await _blocking(self.builder._exists, "harbor-rl/sandbox-base:bookworm")
             else "missing"
         )
+        from sandboxes.compose import compose_version
+
+        try:
+            compose = f"compose {await _blocking(compose_version)}"
+        except SandboxUnavailable:
+            compose = "compose MISSING (compose tasks cannot run; scripts/setup.sh installs it)"
         return (
             f"docker: engine {info.get('ServerVersion')}, storage {info.get('Driver')}, "
-            f"base image {base}, firewall {'on' if self.firewall else 'OFF'}"
+            f"base image {base}, firewall {'on' if self.firewall else 'OFF'}, {compose}"
         )
 
     async def sweep(self) -> int:
-        """Remove containers whose owner process on this host is gone (or that have no owner)."""
+        """Remove containers and compose projects whose owner process on this host is gone (or that have
+        no owner), and firewall rules whose sandbox is gone."""
         return await _blocking(self._sweep)
 
     async def aclose(self) -> None:
@@ -250,6 +278,7 @@ class DockerBackend:
                 cap_drop=["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT"],
                 security_opt=["no-new-privileges"],
                 storage_opt={"size": f"{spec.storage_mb}M"} if self._disk_quota(client) else None,
+                device_requests=gpu_requests(spec.gpus) or None,
             )
         except Exception as exc:
             # `run` is create + start: a failed start leaves a created container behind.
@@ -260,6 +289,8 @@ class DockerBackend:
                 return self._run_container(client, spec, image, network, allowed)
             if "network" in str(exc).lower() and "not found" in str(exc).lower():
                 raise _NetworkGone(str(exc)) from exc
+            if spec.gpus and _is_gpu_refusal(exc):
+                raise UnsupportedEnvironment(gpu_refusal(spec, exc)) from exc
             raise SandboxError(f"starting a container from {image} for {spec.name} failed: {exc}") from exc
 
     def _disk_quota(self, client: Any) -> bool:
@@ -274,20 +305,25 @@ class DockerBackend:
         return self._quota
 
     def _sweep(self) -> int:
+        from sandboxes.compose import PROJECT_LABEL, sweep_projects
+
         client = self._connect()
-        removed = 0
-        host = socket.gethostname()
+        removed = sweep_projects(self)
         for container in client.containers.list(all=True, filters={"label": f"{SANDBOX_LABEL}=1"}):
-            owner = container.labels.get(OWNER_LABEL, "")
-            pid, _, owner_host = owner.partition("@")
-            if owner_host == host and pid.isdigit() and _pid_alive(int(pid)):
+            if PROJECT_LABEL in container.labels or owner_alive(container.labels.get(OWNER_LABEL, "")):
                 continue
-            if owner_host and owner_host != host:
-                continue  # another machine's sandbox on a shared engine
             with contextlib.suppress(Exception):
                 container.remove(force=True)
                 removed += 1
                 self._forget_container_rules(container.name)
+        if self.firewall:  # rules of sandboxes removed without clean-up (another tool, a crash)
+            # Rules first: a sandbox's rules are added after its container (or project network) exists.
+            keys = firewall.keys_in_rules()
+            alive = {c.name for c in client.containers.list(all=True)}
+            alive |= {(n.attrs.get("Labels") or {}).get(PROJECT_LABEL) for n in client.networks.list()}
+            if keys - alive:
+                with self._setup_lock:
+                    firewall.remove_where(lambda comment: firewall.key_of(comment) in keys - alive)
         return removed
 
     # -- networks and firewall --------------------------------------------------------------------
@@ -295,7 +331,7 @@ class DockerBackend:
     def _network_for(self, mode: NetworkMode) -> _Network:
         with self._setup_lock:
             if self.firewall:
-                _Firewall.install()  # idempotent and cheap (iptables -C checks); rules may have been removed
+                firewall.install()  # idempotent and cheap (iptables -C checks); rules may have been removed
             cached = self._networks.get(mode)
             if cached is not None:
                 if self._still_exists(cached):
@@ -316,7 +352,7 @@ class DockerBackend:
                 id=network.id, name=name, bridge=bridge, gateway=gateway.split("/")[0], mode=mode
             )
             if self.firewall:  # a recreated network may have a new gateway: drop rules for the old one
-                _Firewall.forget_other_gateways(bridge, self._networks[mode].gateway)
+                firewall.forget_other_gateways(bridge, self._networks[mode].gateway)
             return self._networks[mode]
 
     def _still_exists(self, network: _Network) -> bool:
@@ -357,22 +393,24 @@ class DockerBackend:
 
     def _ensure_firewall(self) -> None:
         with self._setup_lock:
-            _Firewall.install()
+            firewall.install()
 
     def _allow_proxy_port(self, network: _Network, port: int) -> None:
-        if self.firewall:
-            with self._setup_lock:
-                _Firewall.allow_proxy(network.bridge, network.gateway, port)
+        self._firewall_call(firewall.allow_proxy, network.bridge, network.gateway, port)
 
-    def _allow_hosts_for(self, container_name: str, ip: str, addresses: list[str]) -> None:
+    def _firewall_call(self, fn: Any, /, *args: Any, **kwargs: Any) -> None:
+        """A change to the rules, unless the firewall is off (firewall=False trusts the host)."""
         if self.firewall:
             with self._setup_lock:
-                _Firewall.allow_hosts(container_name, ip, addresses)
+                fn(*args, **kwargs)
+
+    def _claim_ip(self, sandbox: DockerSandbox) -> None:
+        """Rules another sandbox left on this container's IP (it was removed without clean-up) go:
+        the new owner must not inherit its policy."""
+        self._firewall_call(firewall.forget_source, sandbox.ip, keep=sandbox.name)
 
     def _forget_container_rules(self, container_name: str) -> None:
-        if self.firewall:
-            with self._setup_lock:
-                _Firewall.remove_comment(f"harbor-rl:{container_name}")
+        self._firewall_call(firewall.remove, container_name)
 
     def _remove_idle_networks(self) -> None:
         import docker.errors
@@ -392,8 +430,16 @@ class DockerBackend:
         if any(client.networks.list(names=[name]) for name, _ in _NETWORKS.values()):
             return False
         with self._setup_lock:
-            _Firewall.uninstall()
+            firewall.uninstall()
         return True
+
+    async def _close_forwarders_for(self, network: _Network) -> None:
+        """Stop forwarding on a network that is going away (a compose project's)."""
+        async with self._forwarder_lock:
+            for key, (made_for, server) in list(self._forwarders.items()):
+                if made_for.id == network.id:
+                    server.close()
+                    del self._forwarders[key]
 
     async def _ensure_forwarder(self, network: _Network, port: int) -> None:
         """Make gateway:port reach the proxy: nothing to do when something already listens there."""
@@ -443,9 +489,24 @@ class _NetworkGone(Exception):
     pass
 
 
+_PHASE_PIN = "# harbor-rl phase"
+# Rewrite /etc/hosts in place (it is a bind mount: renaming over it, as `sed -i` does, fails): drop the
+# previous phase's pins, add "$@".
+_PIN_SCRIPT = (
+    f'{{ grep -v " {_PHASE_PIN}$" /etc/hosts || true; for line in "$@"; do printf "%s\\n" "$line"; done; }} '
+    ">/tmp/.harbor-rl-hosts && cat /tmp/.harbor-rl-hosts >/etc/hosts; rc=$?; rm -f /tmp/.harbor-rl-hosts; exit $rc"
+)
+
+
 class DockerSandbox:
     def __init__(
-        self, spec: SandboxSpec, container: Any, network: _Network, *, backend: DockerBackend
+        self,
+        spec: SandboxSpec,
+        container: Any,
+        network: _Network,
+        *,
+        backend: DockerBackend,
+        allowed: Allowlist | None = None,
     ) -> None:
         self.spec = spec
         self.container = container
@@ -453,6 +514,13 @@ class DockerSandbox:
         self._backend = backend
         self._api = backend._connect().api
         self._stopped = False
+        self.allowed_at_start = allowed or Allowlist()
+        """The start allow-list made concrete (its names are pinned in /etc/hosts by the engine)."""
+        self._start_policy = _policy_key(spec.network_mode, spec.allowed_hosts)
+        self._policy = self._start_policy
+        self._phase = 0
+        self._phase_pins = False
+        self._ip: str | None = None
 
     @property
     def proxy_host(self) -> str:
@@ -461,6 +529,62 @@ class DockerSandbox:
     @property
     def name(self) -> str:
         return self.container.name
+
+    @property
+    def ip(self) -> str:
+        """The container's address on its network (blocking the first time: call it in a thread)."""
+        if self._ip is None:
+            self._ip = _container_ip(self.container, self.network.name)
+        return self._ip
+
+    # -- network ----------------------------------------------------------------------------------
+
+    async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
+        """Narrow (or restore) what the sandbox reaches: firewall rules keyed by its IP, named after it,
+        replaced on each call; allow-listed names pinned into /etc/hosts. The proxy stays reachable."""
+        self._check_running()
+        check_narrowing(self.spec, mode, allowed_hosts)
+        wanted = _policy_key(mode, allowed_hosts)
+        if wanted == self._policy:
+            return
+        allowlist = Allowlist()
+        if mode == "allowlist":
+            allowlist = await _blocking(resolve_allowlist, allowed_hosts, known=self.allowed_at_start.pins)
+        restore = wanted == self._start_policy  # back to the start: the phase rules simply go
+        self._phase += 1
+        await _blocking(
+            self._backend._firewall_call,
+            firewall.set_phase,
+            self._rules_key(),
+            self._rules_match(),
+            self._phase,
+            allowed=None if restore else allowlist.addresses,
+            start_allowed=self.allowed_at_start.addresses,
+            outward=self._rules_outward(),
+        )
+        pins = (
+            {}
+            if restore
+            else {h: a for h, a in allowlist.pins.items() if h not in self.allowed_at_start.pins}
+        )
+        if pins or self._phase_pins:
+            lines = [f"{address}\t{host} {_PHASE_PIN}" for host, address in sorted(pins.items())]
+            done = await self.exec(["sh", "-c", _PIN_SCRIPT, "pin", *lines], user="0", timeout_s=60)
+            if not done.ok:
+                raise SandboxError(
+                    f"pinning allowed hosts in {self.name}'s /etc/hosts failed: {done.stderr.strip()}"
+                )
+            self._phase_pins = bool(pins)
+        self._policy = wanted
+
+    def _rules_key(self) -> str:
+        return self.name
+
+    def _rules_match(self) -> list[str]:
+        return ["-s", self.ip]
+
+    def _rules_outward(self) -> list[str]:
+        return []
 
     # -- exec -------------------------------------------------------------------------------------
 
@@ -531,7 +655,8 @@ class DockerSandbox:
             self.container.id,
             ["sh", "-c", _WRAPPER, pidfile, *argv],
             environment=env or None,
-            workdir=self._absolute(cwd or self.spec.workdir),
+            # The root is a fine place to run a command (an image whose WORKDIR is /), not a target.
+            workdir=posixpath.normpath(posixpath.join(self.spec.workdir, cwd or self.spec.workdir)),
             user=user or "",
         )
         return created["Id"]
@@ -705,96 +830,6 @@ class DockerSandbox:
             raise SandboxError(f"sandbox {self.spec.name} is not running: container {state.get('Status')}")
 
 
-class _Firewall:
-    """iptables rules confining harbor-rl bridges; every change is idempotent."""
-
-    @staticmethod
-    def install() -> None:
-        _iptables("-N", _CHAIN_IN, check=False)
-        _iptables("-N", _CHAIN_FWD, check=False)
-        if not _iptables("-L", "DOCKER-USER", "-n", check=False):
-            _iptables("-N", "DOCKER-USER", check=False)
-            _ensure_rule("FORWARD", "-j", "DOCKER-USER")
-        _ensure_rule("INPUT", "-i", _IFACE_MATCH, "-j", _CHAIN_IN)
-        _ensure_rule("DOCKER-USER", "-i", _IFACE_MATCH, "-j", _CHAIN_FWD)
-        _ensure_rule(
-            _CHAIN_IN, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT", append=True
-        )
-        for chain in (_CHAIN_IN, _CHAIN_FWD):  # earlier versions ended in DROP: converge on REJECT
-            while _iptables("-D", chain, "-j", "DROP", check=False) is not None:
-                pass
-        _ensure_rule(_CHAIN_IN, "-j", "REJECT", append=True)  # fails fast, agents do not hang
-        _ensure_rule(_CHAIN_FWD, "-i", _NETWORKS["public"][1], "-j", "RETURN", append=True)
-        _ensure_rule(_CHAIN_FWD, "-j", "REJECT", append=True)
-
-    @staticmethod
-    def allow_proxy(bridge: str, gateway: str, port: int) -> None:
-        _ensure_rule(
-            _CHAIN_IN, "-i", bridge, "-d", gateway, "-p", "tcp", "--dport", str(port), "-j", "ACCEPT"
-        )
-
-    @staticmethod
-    def forget_other_gateways(bridge: str, gateway: str) -> None:
-        listing = _iptables("-S", _CHAIN_IN, check=False) or ""
-        for line in listing.splitlines():
-            words = shlex.split(line)
-            stale = (
-                f"-i {bridge} " in f"{line} "
-                and "--dport" in words
-                and "-d" in words
-                and words[words.index("-d") + 1].split("/")[0] != gateway
-            )
-            if stale:
-                _iptables("-D", *words[1:], check=False)
-
-    @staticmethod
-    def allow_hosts(container_name: str, ip: str, addresses: list[str]) -> None:
-        comment = ["-m", "comment", "--comment", f"harbor-rl:{container_name}"]
-        for address in addresses:
-            _ensure_rule(_CHAIN_IN, "-s", ip, "-d", address, *comment, "-j", "ACCEPT")
-            _ensure_rule(_CHAIN_FWD, "-s", ip, "-d", address, *comment, "-j", "RETURN")
-
-    @staticmethod
-    def remove_comment(comment: str) -> None:
-        for chain in (_CHAIN_IN, _CHAIN_FWD):
-            listing = _iptables("-S", chain, check=False) or ""
-            for line in listing.splitlines():
-                if f'"{comment}"' in line or f" {comment} " in f"{line} ":
-                    _iptables("-D", *shlex.split(line)[1:], check=False)
-
-    @staticmethod
-    def uninstall() -> None:
-        for chain, hook in ((_CHAIN_IN, "INPUT"), (_CHAIN_FWD, "DOCKER-USER")):
-            while _iptables("-C", hook, "-i", _IFACE_MATCH, "-j", chain, check=False) is not None:
-                _iptables("-D", hook, "-i", _IFACE_MATCH, "-j", chain, check=False)
-            _iptables("-F", chain, check=False)
-            _iptables("-X", chain, check=False)
-
-
-def _iptables(*args: str, check: bool = True) -> str | None:
-    """Run iptables; returns stdout, or None on failure when `check` is False."""
-    try:
-        done = subprocess.run(["iptables", "-w", "10", *args], capture_output=True, text=True, timeout=30)
-    except FileNotFoundError as exc:
-        raise SandboxUnavailable(
-            "iptables is not installed; the docker backend needs it to confine sandboxes "
-            "(or pass firewall=False to trust the host's own network setup)"
-        ) from exc
-    if done.returncode != 0:
-        if check:
-            raise SandboxUnavailable(
-                f"iptables {' '.join(args)} failed: {done.stderr.strip()} (the docker backend needs root "
-                "to confine sandboxes; pass firewall=False to trust the host's own network setup)"
-            )
-        return None
-    return done.stdout
-
-
-def _ensure_rule(chain: str, *rule: str, append: bool = False) -> None:
-    if _iptables("-C", chain, *rule, check=False) is None:
-        _iptables("-A" if append else "-I", chain, *([] if append else ["1"]), *rule)
-
-
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
@@ -842,21 +877,18 @@ def _belongs_to(host_pid: int, container_id: str) -> bool:
         return False
 
 
+def _image_workdir(client: Any, image: str) -> str:
+    config = client.images.get(image).attrs.get("Config") or {}
+    return config.get("WorkingDir") or "/"
+
+
+def _policy_key(mode: NetworkMode, hosts: list[str]) -> tuple[str, tuple[str, ...]]:
+    return mode, tuple(sorted({normalize_host(h) for h in hosts})) if mode == "allowlist" else ()
+
+
 def _container_ip(container: Any, network_name: str) -> str:
     container.reload()
     return container.attrs["NetworkSettings"]["Networks"][network_name]["IPAddress"]
-
-
-def _resolve_hosts(hosts: list[str]) -> dict[str, str]:
-    """Resolve allowlisted names on the host (pinned into /etc/hosts, so sandboxes need no DNS)."""
-    resolved: dict[str, str] = {}
-    for host in hosts:
-        try:
-            infos = socket.getaddrinfo(host, None, family=socket.AF_INET, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise SandboxError(f"allowed host {host!r} does not resolve: {exc}") from exc
-        resolved[host] = infos[0][4][0]
-    return resolved
 
 
 def _interface_ipv4(name: str) -> str | None:
@@ -869,6 +901,39 @@ def _is_docker_error(exc: BaseException) -> bool:
     import docker.errors
 
     return isinstance(exc, docker.errors.DockerException)
+
+
+def gpu_requests(count: int) -> list[Any]:
+    """What `--gpus N` asks the engine for (the NVIDIA runtime picks the devices)."""
+    if count <= 0:
+        return []
+    import docker.types
+
+    return [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
+
+
+def _is_gpu_refusal(exc: BaseException) -> bool:
+    """The engine's answer when it has no GPU runtime (no NVIDIA container toolkit)."""
+    text = str(exc).lower()
+    return any(
+        m in text for m in ("could not select device driver", "nvidia-container", "runtime name: nvidia")
+    )
+
+
+def gpu_refusal(spec: SandboxSpec, exc: BaseException) -> str:
+    return (
+        f"{spec.name} asks for {spec.gpus} GPU(s) and the Docker engine cannot attach them ({exc}); "
+        "run it on a host with GPUs and the NVIDIA container toolkit, or without gpus"
+    )
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the `pid@host` owner label names a live process, or one on another host (not ours to
+    judge). No owner at all counts as gone."""
+    pid, _, owner_host = owner.partition("@")
+    if owner_host and owner_host != socket.gethostname():
+        return True  # another machine's sandbox on a shared engine
+    return bool(owner_host) and pid.isdigit() and _pid_alive(int(pid))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -6,6 +6,7 @@ so for E2B it is rewritten to a public Debian image plus the same packages. Sand
 long as the task's timeouts (the SDK's default of 300 s would kill long rollouts). Remote sandboxes
 cannot reach the host's 127.0.0.1: they reach the capture proxy through `proxy_url`, a public URL
 that the user exposes (`--expose direct URL` or a tunnel); `no-network` allows egress to that host only.
+A phase's network (`apply_network`) is applied with the SDK's `update_network` on the running sandbox.
 Transient API errors (rate limits, busy service, timeouts, dropped connections) are retried.
 """
 
@@ -28,10 +29,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from sandboxes.base import ExecResult, SandboxSpec
+from sandboxes.base import ExecResult, NetworkMode, SandboxSpec
 from sandboxes.dockerfile import parse_dockerfile
-from sandboxes.errors import SandboxBuildError, SandboxError, SandboxPathError, SandboxUnavailable
+from sandboxes.errors import (
+    SandboxBuildError,
+    SandboxError,
+    SandboxPathError,
+    SandboxUnavailable,
+    UnsupportedEnvironment,
+)
 from sandboxes.images import context_hash
+from sandboxes.policy import check_narrowing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +93,17 @@ class E2BBackend:
 
     async def start(self, spec: SandboxSpec) -> E2BSandbox:
         self._require_key()
+        if spec.compose_file is not None:
+            raise UnsupportedEnvironment(
+                f"environment/{spec.compose_file.name}: E2B sandboxes cannot run Docker Compose; "
+                "use --sandbox docker"
+            )
+        if spec.gpus:
+            raise UnsupportedEnvironment(
+                f"E2B sandboxes have no GPUs (the task asks for gpus = {spec.gpus}); use --sandbox docker"
+            )
+        if spec.workdir is None:  # a prebuilt image's WORKDIR is not known before the template builds
+            spec = spec.model_copy(update={"workdir": "/"})
         template = await self.template_for(spec)
         timeout = self.sandbox_timeout(spec)
         kwargs: dict[str, Any] = {
@@ -94,7 +113,7 @@ class E2BBackend:
             "metadata": {METADATA_SANDBOX: "1", METADATA_OWNER: owner_id(), METADATA_NAME: spec.name},
             "api_key": self.api_key,
         }
-        network = self._network_options(spec)
+        network = self._network_options(spec.network_mode, spec.allowed_hosts)
         if network is not None:
             kwargs["network"] = network
         remote = await self._retry(
@@ -201,12 +220,14 @@ class E2BBackend:
         """Seconds the remote sandbox may live: the task's whole budget plus slack, never the SDK's 300 s."""
         return int(min(self.max_timeout_s, math.ceil(spec.timeout_s) + TIMEOUT_SLACK_S))
 
-    def _network_options(self, spec: SandboxSpec) -> dict[str, Any] | None:
-        if spec.network_mode == "public":
+    def _network_options(self, mode: NetworkMode, hosts: list[str]) -> dict[str, Any] | None:
+        """E2B's egress rules for a mode: None (no rules) for public, else deny all but the allowed hosts
+        and the capture proxy's public host."""
+        if mode == "public":
             return None
         from e2b import ALL_TRAFFIC
 
-        allowed = list(spec.allowed_hosts) if spec.network_mode == "allowlist" else []
+        allowed = list(hosts) if mode == "allowlist" else []
         if self.proxy_url:
             allowed.append(urlsplit(self.proxy_url).hostname or "")
         return {"deny_out": [ALL_TRAFFIC], "allow_out": [a for a in allowed if a]}
@@ -263,6 +284,27 @@ class E2BSandbox:
         self.remote = remote
         self._backend = backend
         self._stopped = False
+        self._warned_network = False
+
+    async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
+        """A phase's network through the SDK's `update_network`, which replaces the running sandbox's
+        egress rules at once (public: no rules). An SDK without it (older e2b) cannot change a running
+        sandbox's network: it keeps the one it started with, and says so once per sandbox."""
+        self._check_running()
+        check_narrowing(self.spec, mode, allowed_hosts)
+        update = getattr(self.remote, "update_network", None)
+        if update is None:
+            if not self._warned_network:
+                self._warned_network = True
+                log.warning(
+                    "E2B sandbox %s keeps the network it started with (%s): this e2b SDK cannot change a "
+                    "running sandbox's network (upgrade e2b for update_network)",
+                    self.spec.name,
+                    self.spec.network_mode,
+                )
+            return
+        options = self._backend._network_options(mode, allowed_hosts) or {}
+        await self._backend._retry(f"changing the network of {self.spec.name}", lambda: update(options))
 
     @property
     def proxy_host(self) -> str:
@@ -299,7 +341,8 @@ class E2BSandbox:
                 background=True,
                 envs=env or None,
                 user=user or "root",
-                cwd=_absolute(self.spec.workdir, cwd or self.spec.workdir),
+                # The root is a fine place to run a command (WORKDIR /), though never a file target.
+                cwd=posixpath.normpath(posixpath.join(self.spec.workdir, cwd or self.spec.workdir)),
                 timeout=0,  # no SDK-side limit: ours below kills the process group
             ),
         )

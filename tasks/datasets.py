@@ -38,12 +38,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tasks.cache import cache_root
-from tasks.errors import DatasetError, TaskFormatError, TaskNotFound
+from tasks.errors import DatasetError, TaskError, TaskFormatError, TaskNotFound
 from tasks.hub import HubSnapshotUnavailable, hub_task_root
 from tasks.loader import TASK_ID_RE, Task, load_task
 from tasks.registry import REGISTRY_SPEC_RE, registry_task_dirs
@@ -61,12 +61,25 @@ _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A task of a dataset that could not be loaded, and why (one line naming the file and field)."""
+
+    task_id: str
+    reason: str
+    error: TaskError = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class Dataset:
-    """An ordered, id-addressable set of tasks from one source and split."""
+    """An ordered, id-addressable set of tasks from one source and split.
+
+    `refused` lists the tasks that failed to load: one bad task never takes the rest down with it
+    (`strict=True` when loading refuses the whole dataset instead)."""
 
     source: str
     split: str
     tasks: tuple[Task, ...]
+    refused: tuple[Refusal, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -90,6 +103,11 @@ class Dataset:
         for task in self.tasks:
             if task.id == task_id:
                 return task
+        for refusal in self.refused:
+            if refusal.task_id == task_id:
+                raise TaskNotFound(
+                    f"{self.source} split {self.split!r}: task {task_id!r} was refused: {refusal.reason}"
+                )
         raise TaskNotFound(f"{self.source} split {self.split!r} has no task {task_id!r}")
 
 
@@ -106,8 +124,20 @@ def split_name(spec: str) -> str:
     return path.absolute().name
 
 
-def load_dataset_spec(spec: str, *, split: str | None = None, cache_dir: Path | None = None) -> Dataset:
-    """Resolve one `--dataset` value (see the module docstring)."""
+def load_dataset_spec(
+    spec: str, *, split: str | None = None, cache_dir: Path | None = None, strict: bool = False
+) -> Dataset:
+    """Resolve one `--dataset` value (see the module docstring). A task that fails to load is listed in
+    `Dataset.refused` and the rest load; `strict` raises a DatasetError naming the refused instead."""
+    dataset = _load_spec(spec, split=split, cache_dir=cache_dir)
+    if strict and dataset.refused:
+        first = dataset.refused[0]
+        more = f" (and {len(dataset.refused) - 1} more)" if len(dataset.refused) > 1 else ""
+        raise DatasetError(f"{spec}: task {first.task_id!r} is refused{more}: {first.reason}")
+    return dataset
+
+
+def _load_spec(spec: str, *, split: str | None, cache_dir: Path | None) -> Dataset:
     if spec in NAMED_DATASETS:
         return load_folder(NAMED_DATASETS[spec], split=split or spec, source=spec)
     if spec.startswith("hf:"):
@@ -168,7 +198,7 @@ def load_folder(folder: Path, *, split: str, source: str) -> Dataset:
     dirs = task_dirs(folder)
     if not dirs:
         raise DatasetError(f"{folder} holds no task folders (folders with a task.toml)")
-    return _dataset(source, split, [load_task(d) for d in dirs])
+    return _dataset(source, split, [_try(lambda d=d: load_task(d), d.name) for d in dirs])
 
 
 def load_registry_dataset(
@@ -176,18 +206,37 @@ def load_registry_dataset(
 ) -> Dataset:
     """`NAME@VERSION` from Harbor's registry (`tasks.registry`), each task validated like a folder's."""
     source = f"{name}@{version}"
-    tasks = [load_task(folder, task_id=task_id) for task_id, folder in
-             registry_task_dirs(name, version, cache_dir=cache_dir)]  # fmt: skip
-    return _dataset(source, split or source, tasks)
+    loaded = [_try(lambda f=folder, t=task_id: load_task(f, task_id=t), task_id) for task_id, folder in
+              registry_task_dirs(name, version, cache_dir=cache_dir)]  # fmt: skip
+    return _dataset(source, split or source, loaded)
 
 
-def _dataset(source: str, split: str, tasks: list[Task]) -> Dataset:
+def _try(load: Any, task_id: str) -> Task | Refusal:
+    try:
+        return load()
+    except TaskError as exc:
+        return Refusal(task_id=task_id, reason=str(exc), error=exc)
+
+
+def _dataset(source: str, split: str, loaded: list[Task | Refusal]) -> Dataset:
+    tasks = [item for item in loaded if isinstance(item, Task)]
+    refused = [item for item in loaded if isinstance(item, Refusal)]
     seen: set[str] = set()
     for task in tasks:
         if task.id in seen:
             raise DatasetError(f"{source} split {split!r}: task id {task.id!r} appears twice")
         seen.add(task.id)
-    return Dataset(source=source, split=split, tasks=tuple(sorted(tasks, key=lambda t: t.id)))
+    if not tasks and len(refused) == 1:
+        raise refused[0].error  # a one-task dataset fails as that task does
+    if not tasks and refused:
+        first = refused[0]
+        raise DatasetError(f"{source}: all {len(refused)} tasks are refused; {first.task_id!r}: {first.reason}")
+    return Dataset(
+        source=source,
+        split=split,
+        tasks=tuple(sorted(tasks, key=lambda t: t.id)),
+        refused=tuple(sorted(refused, key=lambda r: r.task_id)),
+    )
 
 
 # --- Hugging Face -----------------------------------------------------------------------------
@@ -229,7 +278,10 @@ def load_hf(repo: str, *, split: str, cache_dir: Path | None = None) -> Dataset:
             raise
         raise DatasetError(f"{unavailable}; as rows: {exc}") from exc
     root = cache_root(cache_dir) / "hf-tasks"
-    tasks = [_materialize_row(row, index, source, split, root) for index, row in enumerate(rows)]
+    tasks = [
+        _try(lambda r=row, i=index: _materialize_row(r, i, source, split, root), _row_id(row, index))
+        for index, row in enumerate(rows)
+    ]
     if not tasks:
         raise DatasetError(f"{source} split {split!r} has no rows")
     return _dataset(source, split, tasks)
@@ -258,6 +310,11 @@ def _hf_rows(repo: str, split: str) -> list[dict[str, Any]]:
     except (OSError, ValueError) as exc:  # not found, unreadable, or the Hub unreachable (ConnectionError)
         raise DatasetError(f"hf:{repo} split {split!r} could not be loaded: {exc}") from exc
     return [dict(row) for row in loaded]
+
+
+def _row_id(row: dict[str, Any], index: int) -> str:
+    task_id = row.get("task_id")
+    return task_id if isinstance(task_id, str) and task_id else f"row {index}"
 
 
 def _materialize_row(row: dict[str, Any], index: int, source: str, split: str, root: Path) -> Task:

@@ -34,3 +34,11 @@ class DatasetError(TaskError):
 
 class TaskNotFound(DatasetError):
     """A task id or index that the dataset does not hold."""
+
+
+class TaskEnvError(TaskError):
+    """A task's `${VAR}` needs a host environment variable that is not set (never names its value)."""
+
+
+class UnsupportedTaskFeature(TaskError):
+    """The task uses a Harbor feature this run cannot honour (the message says which and what to do)."""

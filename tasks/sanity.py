@@ -1,9 +1,8 @@
 """Sanity runs: the oracle must solve a task and doing nothing must not.
 
-`oracle` uploads `solution/` to `/solution` and runs `bash /solution/solve.sh` in the task's workdir;
-`nop` does nothing. Either way the verifier then scores the sandbox exactly as it would score an agent.
-A task is sound when the oracle scores 1.0 and nop 0.0. Used by `harbor tasks check --run` and by the
-oracle/nop harnesses.
+`oracle` runs `solution/solve.sh` as Harbor's oracle agent does (`run_solution`); `nop` does nothing.
+Either way the verifier then scores the sandbox exactly as it would score an agent. A task is sound when
+the oracle scores 1.0 and nop 0.0. Used by `harbor tasks check --run` and by the oracle/nop harnesses.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel
@@ -24,6 +24,7 @@ from tasks.verifier import VerifierResult, verify
 SanityAgent = Literal["oracle", "nop"]
 EXPECTED_REWARD: dict[str, float] = {"oracle": 1.0, "nop": 0.0}
 SOLUTION_DIR = "/solution"
+ORACLE_LOG = "/logs/agent/oracle.txt"
 
 
 class SanityResult(BaseModel):
@@ -47,16 +48,41 @@ async def run_sanity_agent(sandbox: Sandbox, task: Task, agent: SanityAgent) -> 
         return None
     if not task.paths.has_solution:
         raise TaskFormatError(task.paths.solve_script, "missing: the oracle needs solution/solve.sh")
-    await sandbox.upload_dir(task.paths.solution_dir, SOLUTION_DIR)
-    run = await sandbox.exec(
-        ["bash", f"{SOLUTION_DIR}/solve.sh"],
+    return await run_solution(
+        sandbox,
+        task.paths.solution_dir,
+        workdir=task.config.environment.workdir,
         timeout_s=task.config.agent.timeout_sec,
-        cwd=task.config.environment.workdir,
         env=dict(task.config.solution.env),
     )
-    # The oracle's files must not help or hinder the verifier.
-    await sandbox.exec(["rm", "-rf", SOLUTION_DIR], user="root", timeout_s=30.0)
-    return run
+
+
+async def run_solution(
+    sandbox: Sandbox, solution_dir: Path, *, workdir: str | None, timeout_s: float | None, env: dict[str, str]
+) -> ExecResult:
+    """Run a task's oracle as Harbor does (`harbor/agents/oracle.py:84-150`): upload `solution_dir` to
+    /solution, `chmod +x` solve.sh as root, and run `(/solution/solve.sh) > /logs/agent/oracle.txt 2>&1`
+    (by its shebang) in `workdir` as the sandbox's default user (the task's `[agent] user`), with
+    DEBIAN_FRONTEND=noninteractive under `env` (the task's `[solution] env`, resolved), within
+    `timeout_s` (exit 124 when it fired). /solution stays, as in Harbor. The result's stdout is the log's
+    tail; a non-zero exit is the solution's outcome, for the verifier to judge."""
+    await sandbox.upload_dir(solution_dir, SOLUTION_DIR)
+    solve = f"{SOLUTION_DIR}/solve.sh"
+    log_dir = ORACLE_LOG.rsplit("/", 1)[0]
+    # /logs/agent open to every user, as Harbor makes it at start (`harbor/environments/base.py:781-803`).
+    await sandbox.exec(
+        ["sh", "-c", f"mkdir -p {log_dir} && chmod 777 {log_dir} && chmod +x {solve}"],
+        user="root",
+        timeout_s=30.0,
+    )
+    limit = f"timeout --kill-after=10 {max(1, int(timeout_s))} " if timeout_s else ""
+    command = f"({limit}{solve}) > {ORACLE_LOG} 2>&1; code=$?; tail -c 8000 {ORACLE_LOG}; exit $code"
+    return await sandbox.exec(
+        ["bash", "-c", command],
+        cwd=workdir,
+        env={"DEBIAN_FRONTEND": "noninteractive", **env},
+        timeout_s=timeout_s + 30.0 if timeout_s else None,
+    )
 
 
 async def sanity_check(

@@ -143,3 +143,18 @@ def test_train_help_shows_defaults_and_every_setting():
             default = field.get_default(call_default_factory=True)
             assert ("none" if default is None else str(default)) in rows[name].split("│")[2]
     assert "Lower clip of the policy ratio: r is clipped to [1 - epsilon, 1 + epsilon_high]" in text
+
+
+def test_the_cli_is_also_harbor_rl_beside_harbors_own_harbor():
+    """Harbor's package installs a `harbor` command too; `harbor-rl` is ours whichever comes first on PATH."""
+    import importlib.metadata
+    import shutil
+    import subprocess
+
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")
+               if ep.value.startswith("harbor_rl.")}  # fmt: skip
+    assert scripts == {"harbor": "harbor_rl.cli:app", "harbor-rl": "harbor_rl.cli:app"}
+    path = shutil.which("harbor-rl")
+    assert path is not None, "pip install -e . puts harbor-rl on PATH"
+    done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Harbor-RL" in done.stdout

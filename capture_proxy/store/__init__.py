@@ -4,7 +4,7 @@ SQLite (WAL) by default at $HARBOR_RUNS_DIR/traces.db; any SQLAlchemy URL works,
 (`postgresql+psycopg://`) when several machines write. The schema is migrated with Alembic on open.
 """
 
-from capture_proxy.store.engine import as_store_url, default_store_url
+from capture_proxy.store.engine import as_store_url, default_store_url, runs_dir
 from capture_proxy.store.records import ROLLOUT_KEY, SessionRecord
 from capture_proxy.store.store import TraceStore
 from capture_proxy.store.writer import AsyncTurnWriter, LoopTurnWriter, TurnWriter, turn_writer
@@ -18,5 +18,6 @@ __all__ = [
     "TurnWriter",
     "as_store_url",
     "default_store_url",
+    "runs_dir",
     "turn_writer",
 ]

@@ -26,10 +26,14 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_PAGE_SIZE = 16_384
 
 
+def runs_dir() -> Path:
+    """Where a run keeps its files: $HARBOR_RUNS_DIR, or ./runs."""
+    return Path(os.environ.get("HARBOR_RUNS_DIR") or "runs").expanduser().resolve()
+
+
 def default_store_url() -> str:
-    """sqlite:///<runs dir>/traces.db, the runs dir being $HARBOR_RUNS_DIR or ./runs."""
-    runs_dir = Path(os.environ.get("HARBOR_RUNS_DIR") or "runs").expanduser().resolve()
-    return f"sqlite:///{runs_dir / 'traces.db'}"
+    """sqlite:///<runs dir>/traces.db."""
+    return f"sqlite:///{runs_dir() / 'traces.db'}"
 
 
 def as_store_url(spec: str) -> str:

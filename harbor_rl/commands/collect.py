@@ -47,6 +47,12 @@ def collect_command(
         False, "--keep-all", help="Keep every episode, unscored ones too, not only reward >= --min-reward."
     ),
     min_reward: float = typer.Option(0.0, "--min-reward", help="Keep episodes with reward >= this."),
+    reward_key: str | None = typer.Option(
+        None,
+        "--reward-key",
+        help="The verifier metric that is an episode's reward (default: the task's, `reward`, or the only "
+        "one). Every metric is kept in verify_metrics either way.",
+    ),
     agent_timeout_sec: float | None = typer.Option(
         None,
         "--agent-timeout-sec",
@@ -102,6 +108,7 @@ def collect_command(
         task_globs=task,
         keep_losses=keep_all,
         min_reward=min_reward,
+        reward_key=reward_key,
         agent_timeout_sec=agent_timeout_sec,
         agent_step_limit=agent_step_limit,
         sampling=sampling_of(temperature, max_tokens),
@@ -120,6 +127,11 @@ def collect_command(
         f"{summary.written} episodes in {output_dir / 'results.jsonl'} ({summary.dropped} dropped by should_keep, "
         f"{summary.errors} unscoreable this run)"
     )
+    if summary.metrics_only and not keep_all:
+        console.print(
+            f"{summary.metrics_only} episode(s) report several metrics and no one reward, so --min-reward "
+            "cannot keep them: give --reward-key (or --keep-all)"
+        )
     if summary.ran and summary.errors == summary.ran:
         console.print(
             f"[bold red]harbor collect:[/] all {summary.ran} episodes of this run errored (no reward)"

@@ -61,6 +61,12 @@ def eval_command(
         None, "--max-tokens", min=1, help="Most completion tokens per model call (default: the agent's own)."
     ),
     pass_threshold: float = typer.Option(1.0, "--pass-threshold", help="A trial passes at reward >= this."),
+    reward_key: str | None = typer.Option(
+        None,
+        "--reward-key",
+        help="The verifier metric that is the reward for pass rate and pass@k (default: the task's, "
+        "`reward`, or the only one). Every metric is reported either way.",
+    ),
     store: str | None = typer.Option(
         None,
         "--store",
@@ -77,7 +83,7 @@ def eval_command(
 
     from rich.console import Console
 
-    from evaluation.jobs import EvalConfig
+    from evaluation.models import EvalConfig
     from evaluation.runner import run_eval
 
     console = Console(stderr=True)
@@ -100,6 +106,7 @@ def eval_command(
         agent_step_limit=agent_step_limit,
         sampling=sampling_of(temperature, max_tokens),
         pass_threshold=pass_threshold,
+        reward_key=reward_key,
     )
     summary = asyncio.run(
         run_eval(

@@ -68,6 +68,17 @@ def serve(
         "--require-engine",
         help="Refuse to start when the engine probe fails (default: report and serve).",
     ),
+    agent_network: str | None = typer.Option(
+        None,
+        "--agent-network",
+        help="The agent phase's network: task (what the task declares) or none (only the capture port; "
+        "set-up and the verifier keep the task's). Default: none for train rollouts, task for eval ones.",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse a dataset when any of its tasks cannot be loaded (default: list them, serve the rest).",
+    ),
     log_level: str = typer.Option(
         "info",
         "--log-level",
@@ -100,6 +111,8 @@ def serve(
         "server_id": server_id,
         "check_engine": not skip_engine_check,
         "require_engine": require_engine,
+        "agent_network": agent_network,
+        "strict": strict,
     }
     if max_concurrent is not None:
         values["max_concurrent_envs"] = max_concurrent
@@ -196,7 +209,8 @@ def _print_summary(server, console) -> None:
     for column in ("split", "tasks", "source"):
         datasets.add_column(column)
     for split, data in server.manager.datasets.items():
-        datasets.add_row(split, str(len(data)), data.source)
+        refused = f" ({len(data.refused)} refused)" if data.refused else ""
+        datasets.add_row(split, f"{len(data)}{refused}", data.source)
     sandboxes = Table(title="sandboxes", title_justify="left")
     for column in ("backend", "ready", "detail"):
         sandboxes.add_column(column)
@@ -204,6 +218,9 @@ def _print_summary(server, console) -> None:
         name = info.name + (" (default)" if info.name == config.sandbox else "")
         sandboxes.add_row(name, "[green]yes[/]" if info.healthy else "[red]no[/]", info.detail)
     console.print(datasets, sandboxes)
+    for split, data in server.manager.datasets.items():
+        for refusal in data.refused:  # one line each: the rest of the dataset is served
+            console.print(f"[yellow]{split}: task {refusal.task_id} refused: {refusal.reason}[/]")
     console.print(f"[bold]harnesses:[/] {', '.join(server.manager.harnesses())}")
     _print_engine(server.engine, config, console)
     console.print(

@@ -9,6 +9,7 @@ import typer
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _PLACEHOLDER = "__TASK_NAME__"
+_ORG_PLACEHOLDER = "__ORG__"
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,11 @@ def register(app: typer.Typer) -> None:
             "NAME@VERSION or hf:REPO[@split].",
         ),
         run: str = typer.Option("", "--run", help="Also run these in a sandbox and verify: oracle,nop."),
-        sandbox: str = typer.Option("local", "--sandbox", help="Sandbox backend for --run: local or docker."),
+        sandbox: str = typer.Option(
+            "local",
+            "--sandbox",
+            help="The sandbox backend the tasks are checked for (and --run on): local or docker.",
+        ),
         max_concurrent: int = typer.Option(2, "--max-concurrent", min=1, help="Sandboxes run at once."),
     ) -> None:
         """Validate every task of DATASET and print a table; exit 1 when any task is broken."""
@@ -41,22 +46,26 @@ def register(app: typer.Typer) -> None:
     def init(
         name: str = typer.Argument(..., help="Task name: lower-case letters, digits, '.', '_' or '-'."),
         directory: Path = typer.Option(Path("."), "--dir", help="Folder to create the task in."),
+        org: str = typer.Option(
+            "local", "--org", help="The org of its Harbor name, [task] name = 'ORG/NAME'."
+        ),
     ) -> None:
         """Write a new task folder from the template (a working example to edit)."""
-        target = init_task(name, directory)
+        target = init_task(name, directory, org=org)
         typer.echo(f"created {target}; edit instruction.md, environment/, tests/ and solution/, then run")
         typer.echo(f"  harbor tasks check {target} --run oracle,nop")
 
 
-def init_task(name: str, directory: Path) -> Path:
-    """Copy `tasks/template/` to DIRECTORY/NAME with the name filled in; validates the result."""
+def init_task(name: str, directory: Path, *, org: str = "local") -> Path:
+    """Copy `tasks/template/` to DIRECTORY/NAME with `[task] name = "ORG/NAME"`; validates the result."""
     import shutil
 
     import tasks
     from tasks import load_task
 
-    if not _NAME_RE.match(name):
-        raise typer.BadParameter(f"task name {name!r}: use lower-case letters, digits, '.', '_' or '-'")
+    for what, value in (("task name", name), ("--org", org)):
+        if not _NAME_RE.match(value):
+            raise typer.BadParameter(f"{what} {value!r}: use lower-case letters, digits, '.', '_' or '-'")
     target = Path(directory) / name
     if target.exists():
         raise typer.BadParameter(f"{target} already exists")
@@ -64,7 +73,7 @@ def init_task(name: str, directory: Path) -> Path:
     shutil.copytree(template, target, ignore=shutil.ignore_patterns("__pycache__"))
     for file in ("task.toml", "instruction.md"):
         path = target / file
-        path.write_text(path.read_text().replace(_PLACEHOLDER, name))
+        path.write_text(path.read_text().replace(_ORG_PLACEHOLDER, org).replace(_PLACEHOLDER, name))
     load_task(target)
     return target
 
@@ -72,7 +81,7 @@ def init_task(name: str, directory: Path) -> Path:
 def _check(dataset: str, agents: list[str], backend_name: str, concurrency: int) -> tuple[list[dict], bool]:
     import asyncio
 
-    rows, tasks = _load_all(dataset)
+    rows, tasks = _load_all(dataset, backend_name)
     if agents and tasks:
         outcomes = asyncio.run(_run_sanity(tasks, agents, backend_name, concurrency))
         for row in rows:
@@ -86,46 +95,45 @@ def _check(dataset: str, agents: list[str], backend_name: str, concurrency: int)
     return rows, ok and bool(rows)
 
 
-def _load_all(dataset: str) -> tuple[list[dict], list]:
-    from tasks import NAMED_DATASETS, TaskError, load_dataset_spec, load_task, task_dirs
+def _load_all(dataset: str, backend: str) -> tuple[list[dict], list]:
+    """A row per task of `dataset`: refused ones with their reason, the rest with notes for `backend`."""
+    from tasks import TaskError, load_dataset_spec
 
-    rows: list[dict] = []
-    tasks = []
-    folder = Path(dataset)
-    if dataset not in NAMED_DATASETS and not dataset.startswith("hf:") and folder.is_dir():
-        for task_dir in task_dirs(folder):
-            try:
-                task = load_task(task_dir)
-            except TaskError as exc:
-                rows.append({"id": task_dir.name, "name": "", "error": str(exc), "notes": ""})
-                continue
-            tasks.append(task)
-            rows.append(_row(task))
-        if not rows:
-            rows.append(
-                {
-                    "id": folder.name,
-                    "name": "",
-                    "error": "no task folders (with a task.toml) here",
-                    "notes": "",
-                }
-            )
-        return rows, tasks
     try:
         loaded = load_dataset_spec(dataset)
     except TaskError as exc:
         return [{"id": dataset, "name": "", "error": str(exc), "notes": ""}], []
-    return [_row(task) for task in loaded], list(loaded)
+    rows = [{"id": r.task_id, "name": "", "error": r.reason, "notes": ""} for r in loaded.refused]
+    rows += [_row(task, backend) for task in loaded]
+    return sorted(rows, key=lambda row: row["id"]), [row["task"] for row in rows if "task" in row]
 
 
-def _row(task) -> dict:
+_NOT_HARBOR_TABLES = {"network", "setup_network"}
+"""`[agent.network]`-style tables some task authors write: not fields of Harbor 0.26 (it ignores them)."""
+
+
+def _row(task, backend: str) -> dict:
+    from tasks.support import refusals, warnings
+
     notes = []
+    refused = refusals(task, backend)
     unknown = task.config.unknown_keys()
-    if unknown:
-        notes.append("unknown keys kept: " + ", ".join(unknown))
-    if not task.paths.has_solution:
+    misplaced = [k for k in unknown if k.split(".")[-1] in _NOT_HARBOR_TABLES]
+    if misplaced:
+        notes.append(
+            f"{', '.join(misplaced)}: not Harbor fields (Harbor 0.26 ignores them too); "
+            "write network_mode / allowed_hosts in [environment], [agent] or [verifier]"
+        )
+    if unknown and len(unknown) > len(misplaced):
+        notes.append("unknown keys kept: " + ", ".join(k for k in unknown if k not in misplaced))
+    notes += warnings(task, backend)
+    if not task.has_solution:
         notes.append("no solution/solve.sh")
-    return {"id": task.id, "name": task.name, "error": None, "notes": "; ".join(notes), "task": task}
+    error = f"cannot run on {backend}: " + "; ".join(refused) if refused else None
+    row = {"id": task.id, "name": task.name, "error": error, "notes": "; ".join(notes)}
+    if not refused:
+        row["task"] = task
+    return row
 
 
 async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: int) -> dict:
@@ -139,7 +147,7 @@ async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: 
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task, agent):
-        if agent == "oracle" and not task.paths.has_solution:
+        if agent == "oracle" and not task.has_solution:
             return None
         async with gate:
             return await sanity_check(task, backend, agent)

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from evaluation.compare import compare_jobs
 from evaluation.errors import JobConfigMismatch, JobNotFound
-from evaluation.jobs import EvalConfig, Job, TrialResult, classify_error
+from evaluation.jobs import Job
+from evaluation.models import EvalConfig, TrialResult, classify_error
 from harbor_rl.cli import app
 
 
@@ -94,17 +95,36 @@ def test_summary_counts_errors_apart_and_resume_checks_the_config(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("status", "reward", "error", "timed_out", "kind"),
+    ("status", "scored", "error", "timed_out", "kind"),
     [
-        ("completed", 0.0, None, False, None),
-        ("completed", None, "verifier gave no reward: no reward file", False, "verifier"),
-        ("failed", None, "rollout unscoreable, a model call failed: 502", False, "model_call"),
-        ("failed", None, "harness 'opencode' failed: exit 1", False, "harness"),
-        ("failed", None, "sandbox 'docker' did not start: no image", False, "sandbox"),
-        ("cancelled", None, "cancelled by request", False, "cancelled"),
-        ("timed_out", None, "something else", True, "timeout"),
-        ("failed", None, "RuntimeError: boom", False, "other"),
+        ("completed", True, None, False, None),
+        ("completed", False, "verifier gave no reward: no reward file", False, "verifier"),
+        ("failed", False, "rollout unscoreable, a model call failed: 502", False, "model_call"),
+        ("failed", False, "harness 'opencode' failed: exit 1", False, "harness"),
+        ("failed", False, "sandbox 'docker' did not start: no image", False, "sandbox"),
+        ("cancelled", False, "cancelled by request", False, "cancelled"),
+        ("timed_out", False, "something else", True, "timeout"),
+        ("failed", False, "RuntimeError: boom", False, "other"),
     ],
 )
-def test_error_kinds(status, reward, error, timed_out, kind):
-    assert classify_error(status, reward, error, timed_out) == kind
+def test_error_kinds(status, scored, error, timed_out, kind):
+    assert classify_error(status, scored, error, timed_out) == kind
+
+
+def test_a_job_folder_of_the_earlier_layout_is_still_read_resumed_and_compared(tmp_path):
+    """config.json holding the EvalConfig alone, trials in trials/<split>/<task>__<n>/result.json."""
+    old = tmp_path / "old"
+    (old / "trials" / "builtin" / "a__0").mkdir(parents=True)
+    (old / "config.json").write_text(EvalConfig(harness="oracle", attempts=2).model_dump_json())
+    trial = _trial("a", 0, 1.0)
+    (old / "trials" / "builtin" / "a__0" / "result.json").write_text(trial.model_dump_json())
+    job = Job.create_or_resume(old, EvalConfig(harness="oracle", attempts=2), resume=True)
+    assert job.trials() == [trial] and job.finished_keys() == {("builtin", "a", 0)}
+    job.write_trial(_trial("a", 1, 0.0))  # a resumed run writes its trials in Harbor's layout
+    assert [t.attempt for t in Job.open(old).trials()] == [1, 0]
+    summary = Job.open(old).summarize(planned_trials=2, started_at=0.0, wall_time_s=1.0)
+    assert summary.complete and summary.scores.pass_rate == 0.5
+    assert Job.open(old).file().eval.attempts == 2 and "harbor_rl" in (old / "config.json").read_text()
+    _job(tmp_path, "new", {"a": [1.0, 1.0]})
+    [change] = compare_jobs(old, tmp_path / "new")
+    assert (change.task, change.before, change.after, change.change) == ("builtin/a", 0.5, 1.0, "fixed")

@@ -53,7 +53,7 @@ def _eval_docker(tmp_path, store_url, harness: str, *extra: str) -> dict:
     for trial in job.trials():
         assert trial.error is None and trial.outcome in ("pass", "fail"), trial
         assert (job.trial_dir(trial.split, trial.task_id, trial.attempt) / "result.json").is_file()
-    return json.loads(job.result_path.read_text())
+    return json.loads(job.result_path.read_text())["harbor_rl"]
 
 
 @pytest.mark.parametrize(("harness", "expected"), [("oracle", 1.0), ("nop", 0.0)])

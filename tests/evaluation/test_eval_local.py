@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from capture_proxy.store import TraceStore
-from evaluation.jobs import Job, TrialResult
+from evaluation.jobs import Job
+from evaluation.models import TrialResult
 from harbor_rl.cli import app
 from tasks import BUILTIN_DIR, load_dataset_spec
 
@@ -35,11 +36,11 @@ def test_sanity_harnesses_on_every_builtin_task(tmp_path, runs_dir, store_url, h
     trials = job.trials()
     assert sorted(t.task_id for t in trials) == sorted(tasks)
     for trial in trials:
-        raw = json.loads((job.trial_dir("builtin", trial.task_id, 0) / "result.json").read_text())
+        raw = json.loads((job.trial_dir("builtin", trial.task_id, 0) / "result.json").read_text())["harbor_rl"]
         assert set(raw) >= TRIAL_FIELDS, raw
         assert trial.reward == expected and trial.error is None, trial
         assert set(trial.timings) >= {"sandbox_start", "agent", "verifier", "total"}
-    summary = json.loads(job.result_path.read_text())
+    summary = json.loads(job.result_path.read_text())["harbor_rl"]
     assert summary["complete"] and summary["planned_trials"] == len(tasks)
     assert summary["scores"]["pass_rate"] == expected
     assert summary["scores"]["pass_at_k"] == {"1": expected}
@@ -66,7 +67,7 @@ def _task_without_reward(root: Path) -> Path:
     shutil.copytree(BUILTIN_DIR / "fix-pagination", task)
     (task / "tests" / "test.sh").write_text("#!/bin/bash\necho 'verifier broke before scoring' >&2\nexit 0\n")
     toml = task / "task.toml"
-    toml.write_text(toml.read_text().replace('name = "fix-pagination"', 'name = "no-reward"'))
+    toml.write_text(toml.read_text().replace('name = "harbor-rl/fix-pagination"', 'name = "harbor-rl/no-reward"'))
     return task.parent
 
 
@@ -82,7 +83,7 @@ def test_verifier_failure_is_an_error_not_a_failure(tmp_path, runs_dir):
     trials = job.trials()
     assert len(trials) == 2
     assert all(t.outcome == "error" and t.reward is None and t.error_kind == "verifier" for t in trials)
-    summary = json.loads(job.result_path.read_text())
+    summary = json.loads(job.result_path.read_text())["harbor_rl"]
     assert summary["errors_by_kind"] == {"verifier": 2}
     [(message, count)] = summary["errors_by_message"].items()
     assert count == 2 and message.startswith("verifier: verifier gave no reward")

@@ -44,9 +44,9 @@ def test_killed_run_resumes_with_one_result_per_trial(tmp_path, runs_dir, store_
     proc = subprocess.Popen(
         args, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    trials_dir = jobs / "killed" / "trials"
+    job_dir = jobs / "killed"
     deadline = time.monotonic() + 300
-    while len(list(trials_dir.glob("*/*/result.json"))) < 3:
+    while len(list(job_dir.glob("*/result.json"))) < 3:
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no trial finished in time"
         time.sleep(0.2)

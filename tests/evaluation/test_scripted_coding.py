@@ -110,7 +110,7 @@ def test_a_conversation_about_no_known_task_gets_no_call():
 def test_a_solution_that_reads_solution_files_is_refused(tmp_path):
     task = tmp_path / "uses-files"
     for name, text in {
-        "task.toml": '[task]\nname = "uses-files"\n',
+        "task.toml": '[task]\nname = "test/uses-files"\n',
         "instruction.md": "Do it.\n",
         "environment/Dockerfile": "FROM harbor-rl/sandbox-base:bookworm\n",
         "tests/test.sh": "echo 1 > /logs/verifier/reward.txt\n",

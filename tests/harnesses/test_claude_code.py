@@ -95,3 +95,13 @@ def test_an_error_result_is_a_harness_error() -> None:
     summary = parse_events(line + "\nnot json\n", "claude-code")
     assert summary.error == "claude-code reported an error: API Error: 401 bad key"
     assert not summary.at_turn_limit
+
+
+def test_the_outcome_counts_the_tool_failures_of_the_event_log() -> None:
+    from harnesses.agent_process import AgentProcess
+    from sandboxes.base import ExecResult
+
+    events = (DATA / "claude-code-events.jsonl").read_text()
+    metrics = summarize(parse_events(events, "claude-code").tool_results)
+    outcome = AgentProcess("claude-code", ExecResult(exit_code=0), False, events).outcome(metrics, None, "")
+    assert outcome.tool_failures_by_name == {"ReportFindings": 1} and outcome.tool_failures == 1

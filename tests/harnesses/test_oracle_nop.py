@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -61,15 +60,58 @@ async def test_oracle_without_a_solution_says_so(local_backend) -> None:
         await sandbox.stop()
 
 
-def test_solution_env_comes_from_the_run_or_the_task_folder(tmp_path: Path) -> None:
-    from harnesses.oracle import solution_env
+SOLVE_IN_PYTHON = """#!/usr/bin/env python3
+import os
+import sys
 
-    task_dir = tmp_path / "task"
-    shutil.copytree(builtin_task().paths.root, task_dir)
-    with (task_dir / "task.toml").open("a") as toml:
-        toml.write('\n[solution]\nenv = { GREETING = "hi" }\n')
-    run = AgentRun(instruction="x", base_url="http://127.0.0.1:1/v1", api_key="k", model="m")
-    assert solution_env(run, task_dir / "solution") == {"GREETING": "hi"}
-    given = run.model_copy(update={"extra": {"solution_env": {"N": 1}}})
-    assert solution_env(given, task_dir / "solution") == {"N": "1"}
-    assert solution_env(run, tmp_path / "not-a-task" / "solution") == {}
+for name in ("GREETING", "DEBIAN_FRONTEND"):
+    print(name, os.environ.get(name))
+print("uid", os.getuid())
+print("cwd", os.getcwd())
+sys.exit(3)
+"""
+
+
+def solution_in_python(tmp_path: Path) -> Path:
+    """A solution/ whose solve.sh is a Python script, not executable: only its shebang can run it (bash
+    would fail on it), and only the oracle's chmod makes it executable."""
+    solution = tmp_path / "solution"
+    solution.mkdir()
+    (solution / "solve.sh").write_text(SOLVE_IN_PYTHON)
+    (solution / "solve.sh").chmod(0o644)
+    return solution
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+async def test_the_oracle_runs_solve_sh_as_harbor_does(local_backend, tmp_path: Path, user) -> None:
+    from sandboxes import with_default_user
+
+    task = builtin_task()
+    sandbox = await local_backend.start(task.sandbox_spec(rollout_name("oracle")))
+    try:
+        run = AgentRun(
+            instruction="x",
+            base_url="http://127.0.0.1:1/v1",
+            api_key="k",
+            model="m",
+            workdir=task.config.environment.workdir,
+            timeout_s=60,
+            solution_dir=solution_in_python(tmp_path),
+            solution_env={"GREETING": "hi"},
+            user=user,
+            skills_dir="/nowhere",  # ignored by the oracle, as in Harbor
+            mcp_servers=[{"name": "ignored", "transport": "stdio", "command": "false"}],
+        )
+        outcome = await get_harness("oracle").run(with_default_user(sandbox, user), run)
+        log = (await sandbox.download_file("/logs/agent/oracle.txt")).decode()
+    finally:
+        await sandbox.stop()
+    # a failing solve.sh is the solution's outcome (graded as usual), not a harness error
+    assert outcome.exit_code == 3 and outcome.error is None and not outcome.timed_out
+    assert outcome.tool_failures_by_name == {"solve.sh": 1}
+    assert "[solve.sh exit code: 3]" in outcome.log_tail
+    lines = log.splitlines()
+    assert lines[:2] == ["GREETING hi", "DEBIAN_FRONTEND noninteractive"]
+    assert lines[2] == ("uid 65534" if user == "nobody" else "uid 0")
+    assert lines[3] == f"cwd {task.config.environment.workdir}"
+    assert "GREETING hi" in outcome.log_tail  # the log's tail is the outcome's

@@ -131,7 +131,7 @@ TASK_TOML = """\
 schema_version = "1.0"
 
 [task]
-name = "secret-scan"
+name = "test/secret-scan"
 
 [verifier]
 timeout_sec = 120.0

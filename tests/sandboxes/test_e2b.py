@@ -191,7 +191,7 @@ async def test_exec_timeout_kills_the_process_and_its_group(sdk):
 
 
 async def test_files_upload_download_and_unsafe_members_skipped(sdk, tmp_path):
-    sandbox = await sdk.backend().start(SandboxSpec(name="files"))
+    sandbox = await sdk.backend().start(SandboxSpec(name="files", workdir="/app"))
     await sandbox.upload_file(b"data", "rel/file.txt")
     sdk.remote.files.write.assert_awaited_with("/app/rel/file.txt", b"data", user="root")
 
@@ -250,3 +250,37 @@ async def test_sweep_kills_only_this_hosts_orphans_and_health_lists(sdk):
 
     paginator.next_items.return_value = []
     assert "proxy.example.test" in await sdk.backend().health()
+
+
+async def test_a_phase_network_updates_the_running_sandbox_and_never_widens(sdk, caplog):
+    from unittest.mock import AsyncMock
+
+    sdk.remote.update_network = AsyncMock(return_value=None)
+    public = await sdk.backend().start(SandboxSpec(name="pub", network_mode="public"))
+    await public.apply_network("no-network", [])
+    sdk.remote.update_network.assert_awaited_with(
+        {"deny_out": [e2b.ALL_TRAFFIC], "allow_out": ["proxy.example.test"]}
+    )
+    await public.apply_network("allowlist", ["pypi.org"])
+    assert sdk.remote.update_network.await_args.args[0]["allow_out"] == ["pypi.org", "proxy.example.test"]
+    await public.apply_network("public", [])
+    sdk.remote.update_network.assert_awaited_with({})  # every rule cleared: the start's open network
+    closed = await sdk.backend().start(SandboxSpec(name="closed"))
+    with pytest.raises(SandboxError, match="wider than the no-network"):
+        await closed.apply_network("public", [])
+
+    del sdk.remote.update_network  # an SDK that cannot change a running sandbox's network
+    older = await sdk.backend().start(SandboxSpec(name="older", network_mode="public"))
+    await older.apply_network("no-network", [])
+    await older.apply_network("no-network", [])
+    warnings = [r for r in caplog.records if "keeps the network it started with" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+async def test_a_compose_task_is_refused_in_one_line(sdk, tmp_path):
+    from sandboxes import UnsupportedEnvironment
+
+    spec = SandboxSpec(name="compose", compose_file=tmp_path / "docker-compose.yaml")
+    with pytest.raises(UnsupportedEnvironment, match="E2B sandboxes cannot run Docker Compose"):
+        await sdk.backend().start(spec)
+    sdk.sandbox_cls.create.assert_not_awaited()

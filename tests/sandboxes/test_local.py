@@ -279,3 +279,12 @@ def test_installed_layers_are_kept_in_the_user_cache_unless_a_root_is_given(tmp_
     assert LocalBackend().layer_cache == tmp_path / "cache" / "local-layers"
     assert LocalBackend(root=tmp_path / "mine").layer_cache == tmp_path / "mine" / ".layer-cache"
     assert LocalBackend(layer_cache_dir=tmp_path / "x").layer_cache == tmp_path / "x"
+
+
+async def test_a_compose_task_is_refused_in_one_line(local_backend, tmp_path):
+    compose = tmp_path / "environment" / "docker-compose.yaml"
+    spec = SandboxSpec(name="compose", compose_file=compose)
+    with pytest.raises(
+        UnsupportedEnvironment, match=r"docker-compose.yaml: the local sandbox cannot run Docker Compose"
+    ):
+        await local_backend.start(spec)

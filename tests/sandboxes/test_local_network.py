@@ -142,6 +142,32 @@ async def test_allow_internet_shares_the_host_network(local_backend, proxy_port,
         await sandbox.stop()
 
 
+async def test_a_phase_without_network_isolates_a_public_sandbox_and_never_widens(
+    local_backend, proxy_port, host_listener
+):
+    from sandboxes import SandboxError
+
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port, network_mode="public"))
+    closed = await local_backend.start(spec(proxy_port=proxy_port, network_mode="no-network"))
+    targets = [["listener", "127.0.0.1", host_listener]]
+    url = f"http://127.0.0.1:{proxy_port}"
+    try:
+        await sandbox.apply_network("no-network", [])  # the agent's phase
+        assert sandbox.network == "isolated"
+        seen = await probe(sandbox, targets, url)
+        assert seen["listener"] == "ConnectionRefusedError" and seen["proxy_body"].startswith("data: 0")
+        await sandbox.apply_network("public", [])  # the verifier's: the task's own network again
+        assert (await probe(sandbox, targets, url))["listener"] == "open"
+        with pytest.raises(UnsupportedEnvironment, match=r"'allowlist' \(pypi.org\).*cannot filter"):
+            await sandbox.apply_network("allowlist", ["pypi.org"])
+        with pytest.raises(SandboxError, match="wider than the no-network"):
+            await closed.apply_network("public", [])
+        assert (await probe(closed, targets, url))["listener"] == "ConnectionRefusedError"
+    finally:
+        await sandbox.stop()
+        await closed.stop()
+
+
 async def test_build_steps_run_on_the_host_network_like_docker_build(local_backend, tmp_path, host_listener):
     from .conftest import write_env
 

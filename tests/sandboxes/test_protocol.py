@@ -105,7 +105,7 @@ async def test_exec_as_another_user(backend):
 
 
 async def test_upload_and_download_files_and_folders(backend, tmp_path):
-    sandbox = await backend.start(spec())
+    sandbox = await backend.start(spec(workdir="/app"))  # the base image's own WORKDIR is /
     try:
         await sandbox.upload_file(b"hello bytes\n", "/app/in/bytes.txt")
         local_file = tmp_path / "from-path.bin"

@@ -42,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 QUICK_SPLIT = "quick"
 QUICK_TASK = {
     "instruction.md": "Nothing to do.\n",
-    "task.toml": '[task]\nname = "noop"\n\n[verifier]\ntimeout_sec = 60.0\n\n[agent]\ntimeout_sec = 60.0\n',
+    "task.toml": '[task]\nname = "test/noop"\n\n[verifier]\ntimeout_sec = 60.0\n\n[agent]\ntimeout_sec = 60.0\n',
     "environment/Dockerfile": "FROM harbor-rl/sandbox-base:bookworm\nWORKDIR /app\n",
     "tests/test.sh": "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n",
 }

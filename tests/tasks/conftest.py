@@ -17,7 +17,7 @@ TASK_TOML = """\
 schema_version = "1.0"
 
 [task]
-name = "tiny"
+name = "test/tiny"
 
 [verifier]
 timeout_sec = 60.0

@@ -23,12 +23,19 @@ def test_check_builtin_lists_every_task():
 
 
 def test_check_folder_reports_broken_tasks_and_unknown_keys(make_task, tmp_path):
-    make_task("good", files={"task.toml": "[environment]\ngpus = 2\n"})
+    make_task("good", files={"task.toml": "[environment]\ngpu_count = 2\n"})
     make_task("broken", files={"tests/test.sh": None})
-    result = _run("check", str(tmp_path / "tasks"))
+    make_task("gpu", files={"task.toml": "[environment]\ngpus = 1\n"})
+    make_task("table", files={"task.toml": '[agent.network]\nmode = "allowlist"\n'})
+    result = _run("check", str(tmp_path / "tasks"), "--sandbox", "local")
     assert result.exit_code == 1
-    assert "broken" in result.output and "tests/test.sh" in result.output and "missing" in result.output
-    assert "environment.gpus" in result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
+    assert "tests/test.sh" in rows["broken"] and "missing" in rows["broken"]
+    assert "environment.gpu_count" in rows["good"]
+    assert "cannot run on local" in rows["gpu"] and "gpus = 1" in rows["gpu"]
+    assert "agent.network" in rows["table"] and "not Harbor fields" in rows["table"]
+    # One refused task never hides the others: every one has its row.
+    assert set(rows) >= {"broken", "good", "gpu", "table"}
 
 
 def test_check_rejects_unknown_run_agents():
@@ -44,7 +51,7 @@ def test_init_then_check_with_oracle_and_nop_on_local(tmp_path):
     created = _run("init", "my-task", "--dir", str(tmp_path))
     assert created.exit_code == 0, created.output
     task = load_task(tmp_path / "my-task")
-    assert task.name == "my-task" and "__TASK_NAME__" not in task.instruction
+    assert task.name == "local/my-task" and "__TASK_NAME__" not in task.instruction
     checked = _run("check", str(tmp_path / "my-task"), "--run", "oracle,nop", "--sandbox", "local")
     assert checked.exit_code == 0, checked.output
     assert "my-task" in checked.output and "ok" in checked.output

@@ -60,7 +60,7 @@ def test_eval_registry_dataset_with_registry_path(isolated, registry):
     trials = job.trials()
     assert sorted(t.task_id for t in trials) == TASKS
     assert all(t.reward == 1.0 and t.error is None for t in trials), trials
-    summary = json.loads(job.result_path.read_text())
+    summary = json.loads(job.result_path.read_text())["harbor_rl"]
     assert summary["complete"] and summary["scores"]["pass_rate"] == 1.0
 
 

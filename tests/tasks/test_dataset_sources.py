@@ -114,9 +114,9 @@ def test_harbor_format_task_and_local_registry_paths_load(tmp_path, cache, regis
         2048,
     )
     assert loaded.config.schema_version == "1.0" and loaded.config.verifier.env == {"API_KEY": "sk-test-123"}
-    assert loaded.config.unknown_keys() == [
-        "environment.gpu_types", "environment.gpus", "environment.mcp_servers", "source"
-    ]  # fmt: skip
+    # Harbor's whole schema is known now: gpus, gpu_types, mcp_servers and source are fields.
+    assert loaded.config.unknown_keys() == []
+    assert loaded.config.environment.mcp_servers[0].name == "mcp-server" and loaded.config.source is not None
 
 
 def test_a_terminal_bench_2_task_toml_from_a_git_registry_loads(tmp_path, cache, registry_env):
@@ -133,9 +133,8 @@ def test_a_terminal_bench_2_task_toml_from_a_git_registry_loads(tmp_path, cache,
     assert (task.id, task.name) == ("extract-elf", "terminal-bench/extract-elf")
     assert task.config.schema_version == "1.1" and task.config.environment.network_mode == "public"
     assert task.config.verifier.timeout_sec == 900.0 and task.config.environment.env == {}
-    assert task.config.unknown_keys() == [
-        "artifacts", "environment.gpus", "environment.mcp_servers", "task.authors", "task.keywords"
-    ]  # fmt: skip
+    assert task.config.unknown_keys() == []
+    assert task.config.task is not None and task.config.task.keywords
 
 
 def test_unknown_dataset_or_version_names_what_the_registry_has(tmp_path, cache, registry_env):

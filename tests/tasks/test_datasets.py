@@ -68,11 +68,16 @@ def test_unknown_spec_and_empty_folder(tmp_path):
         load_dataset_spec(str(tmp_path))
 
 
-def test_malformed_task_in_a_folder_dataset_fails_loudly(make_task, tmp_path):
+def test_a_malformed_task_is_listed_and_the_rest_load(make_task, tmp_path):
     make_task("good")
     make_task("bad", files={"instruction.md": None})
-    with pytest.raises(TaskFormatError, match="instruction.md"):
-        load_dataset_spec(str(tmp_path / "tasks"))
+    dataset = load_dataset_spec(str(tmp_path / "tasks"))
+    assert dataset.ids == ["good"]
+    assert [r.task_id for r in dataset.refused] == ["bad"] and "instruction.md" in dataset.refused[0].reason
+    with pytest.raises(TaskNotFound, match="was refused: .*instruction.md"):
+        dataset.get("bad")
+    with pytest.raises(DatasetError, match="'bad' is refused: .*instruction.md"):
+        load_dataset_spec(str(tmp_path / "tasks"), strict=True)
 
 
 def _builtin_rows(n=3):

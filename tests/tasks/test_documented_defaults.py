@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks import TaskFormatError, load_task
+from tasks.loader import RUN_DEFAULTS
 from tasks.models import TaskConfig
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
@@ -65,16 +66,34 @@ def test_the_readme_table_states_the_models_defaults():
         assert needed in checked, f"tasks/README.md does not list [{needed[0]}] {needed[1]}"
 
 
+def test_the_readme_table_states_what_a_run_uses_when_harbor_leaves_it_unset():
+    stated = {}
+    for line in (TASKS_DIR / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        match = re.match(r"^`\[(\w+)\] ", cells[0]) if len(cells) == 4 else None
+        if match and cells[2] and "," in cells[1] + cells[2] or (match and cells[2][:1].isdigit()):
+            keys = re.findall(r"`(?:\[\w+\] )?([a-z_]+)`", cells[0])
+            for key, value in zip(keys, [v.strip() for v in cells[2].split(",")], strict=False):
+                stated[(match.group(1), key)] = value
+    for (section, key), value in RUN_DEFAULTS.items():
+        assert (section, key) in stated, f"tasks/README.md does not say what a run uses for [{section}] {key}"
+        assert float(stated[(section, key)]) == float(value), (section, key, stated[(section, key)], value)
+
+
 def test_the_template_shows_the_models_defaults():
     raw = tomllib.loads((TASKS_DIR / "template" / "task.toml").read_text())
     shown = [(section, key, value) for section in SECTIONS for key, value in raw.get(section, {}).items()]
     assert len(shown) >= 8
     for section, key, value in shown:
-        assert value == model_default(section, key), (
-            f"tasks/template/task.toml shows [{section}] {key} = {value!r}, but the default is "
-            f"{model_default(section, key)!r}"
+        # Harbor's default, or what a run uses where Harbor leaves the value unset.
+        default = model_default(section, key)
+        expected = RUN_DEFAULTS.get((section, key), default) if default is None else default
+        if key == "workdir":
+            expected = "/app"  # the template's Dockerfile says WORKDIR /app
+        assert value == expected, (
+            f"tasks/template/task.toml shows [{section}] {key} = {value!r}, but the default is {expected!r}"
         )
-    assert "show their defaults" in (TASKS_DIR / "template" / "task.toml").read_text()
+    assert "Harbor's defaults" in (TASKS_DIR / "template" / "task.toml").read_text()
 
 
 def test_a_wrong_type_names_the_file_and_the_key(make_task):

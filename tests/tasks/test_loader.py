@@ -13,19 +13,24 @@ from tasks.models import TaskConfig, parse_size_mb
 def test_valid_task_loads_with_typed_config(make_task):
     root = make_task()
     task = load_task(root)
-    assert task.id == "tiny" and task.name == "tiny"
+    assert task.id == "tiny" and task.name == "test/tiny"
     assert task.instruction == "Do the tiny thing.\n"
     assert task.config.verifier.timeout_sec == 60.0
     assert task.config.environment.memory_mb == 512
-    assert task.config.environment.network_mode == "no-network"
+    assert task.config.environment.network_mode == "public"  # Harbor's default
+    assert task.workdir == "/app"  # the Dockerfile's WORKDIR
     assert task.paths.test_script == root / "tests" / "test.sh"
     assert task.paths.has_solution
 
 
-def test_defaults_follow_the_design():
+def test_defaults_are_harbors():
     config = TaskConfig.model_validate({})
+    assert config.schema_version == "1.4"
     assert config.verifier.timeout_sec == 600.0
-    assert config.environment.workdir == "/app"
+    assert config.environment.network_mode == "public"
+    # Left to the run, as Harbor leaves them to the backend.
+    assert config.environment.workdir is None and config.environment.cpus is None
+    assert config.environment.memory_mb is None and config.agent.timeout_sec is None
     assert config.verifier.reward_key is None
 
 
@@ -77,33 +82,44 @@ def test_legacy_harbor_keys_are_mapped(make_task):
     assert config.environment.network_mode == "public"
 
 
-@pytest.mark.parametrize(
-    ("size", "mb"), [("2G", 2048), ("1.5G", 1536), ("256MiB", 256), ("1T", 1024 * 1024), (1048576, 1)]
-)
+@pytest.mark.parametrize(("size", "mb"), [("2G", 2048), ("1.5G", 1536), ("256m", 256), ("2048K", 2)])
 def test_legacy_sizes(size, mb):
     assert parse_size_mb(size) == mb
+
+
+@pytest.mark.parametrize("size", ["256MiB", "1T", "4GB", "lots", ""])
+def test_legacy_sizes_harbor_cannot_read_are_refused(size):
+    with pytest.raises(ValueError, match="K, M or G"):
+        parse_size_mb(size)
+
+
+def test_numbers_in_strings_are_read_as_harbor_reads_them(make_task):
+    toml = '[verifier]\ntimeout_sec = "600"\n[environment]\ncpus = 2.0\n'
+    config = load_task(make_task(files={"task.toml": toml})).config
+    assert config.verifier.timeout_sec == 600.0 and config.environment.cpus == 2
+    assert isinstance(config.environment.cpus, int)
 
 
 def test_unknown_keys_are_kept_and_listed(make_task):
     toml = """\
     custom_top = 1
     [environment]
-    gpus = 1
+    gpu_count = 1
     [verifier]
     flaky = true
     [my_extension]
     x = "y"
     """
     config = load_task(make_task(files={"task.toml": toml})).config
-    assert config.unknown_keys() == ["custom_top", "environment.gpus", "my_extension", "verifier.flaky"]
+    assert config.unknown_keys() == ["custom_top", "environment.gpu_count", "my_extension", "verifier.flaky"]
     assert config.model_extra["my_extension"] == {"x": "y"}
-    assert config.environment.model_extra["gpus"] == 1
+    assert config.environment.model_extra["gpu_count"] == 1
 
 
 def test_task_name_from_toml_and_stable_digest(make_task):
-    root = make_task(files={"task.toml": '[task]\nname = "Pretty Name"\n'})
+    root = make_task(files={"task.toml": '[task]\nname = "my-org/pretty-name"\n'})
     first, second = load_task(root), load_task(root)
-    assert first.name == "Pretty Name" and first.id == "tiny"
+    assert first.name == "my-org/pretty-name" and first.id == "tiny"
     before = first.digest()
     assert before == second.digest()
     (root / "tests" / "test.sh").write_text("#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n")
@@ -149,15 +165,17 @@ def test_bad_toml_names_the_line(make_task):
     ("toml", "key", "words"),
     [
         ('[environment]\ncpus = "two"\n', "environment.cpus", "number"),
-        ('[verifier]\ntimeout_sec = "600"\n', "verifier.timeout_sec", "number"),
-        ("[verifier]\ntimeout_sec = -1\n", "verifier.timeout_sec", "greater than 0"),
+        ('[verifier]\ntimeout_sec = "soon"\n', "verifier.timeout_sec", "number"),
+        ('[task]\nname = "Pretty Name"\n', "task.name", "'org/name'"),
         ("[environment]\nmemory_mb = 1.5\n", "environment.memory_mb", "integer"),
         ("[environment]\nenv = { PORT = 8080 }\n", "environment.env.PORT", "string"),
         ('[environment]\nnetwork_mode = "intranet"\n', "environment.network_mode", "public"),
-        ('[environment]\nnetwork_mode = "allowlist"\n', "environment", "allowed_hosts"),
+        ('[environment]\nallowed_hosts = ["pypi.org"]\n', "environment", "only valid when"),
+        ('[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org"]\n', "environment.allowed_hosts", "not URLs"),
         ('[environment]\nworkdir = "app"\n', "environment.workdir", "absolute"),
         ('[environment]\nmemory = "lots"\n', "environment", "size"),
-        ('[environment]\nallow_internet = "yes"\n', "environment", "true or false"),
+        ('[environment]\nallow_internet = "maybe"\n', "environment.allow_internet", "true or false"),
+        ('[[steps]]\nname = "a/b"\n', "steps.0.name", "portable folder name"),
         ('schema_version = "2.0"\n', "schema_version", "not supported"),
         ('verifier = "fast"\n', "verifier", "dictionary"),
     ],
@@ -174,9 +192,11 @@ def test_missing_test_script(make_task):
     assert err.file.endswith("tests/test.sh") and "missing" in err.problem
 
 
-def test_missing_dockerfile(make_task):
-    err = _error(make_task(files={"environment/Dockerfile": None}))
-    assert err.file.endswith("environment/Dockerfile") and "docker_image" in err.problem
+def test_missing_dockerfile_loads_as_in_harbor_but_cannot_run(make_task):
+    from tasks.support import refusals
+
+    task = load_task(make_task(files={"environment/Dockerfile": None}))
+    assert any("environment/Dockerfile: missing" in r and "docker_image" in r for r in refusals(task, "docker"))
 
 
 def test_symlink_out_of_the_task_folder(make_task, tmp_path):

@@ -18,6 +18,7 @@ from tasks.verifier import (
     kill_leftover_processes,
     parse_reward_json,
     parse_reward_txt,
+    process_snapshot,
 )
 
 
@@ -52,6 +53,14 @@ def test_parse_reward_json(text, key, reward):
     assert parse_reward_json(text, key)[0] == reward
 
 
+def test_a_multi_metric_reward_json_is_a_valid_result():
+    # Harbor's multi-reward recipe writes {"correctness": c, "performance": p} and no `reward` key.
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', None) == (
+        None, {"correctness": 1.0, "performance": 0.0}
+    )  # fmt: skip
+    assert parse_reward_json('{"correctness": 1, "performance": 0}', "performance")[0] == 0.0
+
+
 @pytest.mark.parametrize(
     ("text", "key", "words"),
     [
@@ -61,7 +70,6 @@ def test_parse_reward_json(text, key, reward):
         ('{"reward": "high"}', None, "finite number"),
         ('{"reward": true}', None, "finite number"),
         ('{"reward": NaN}', None, "finite number"),
-        ('{"a": 1, "b": 2}', None, "reward_key"),
         ('{"reward": 1}', "accuracy", "no key 'accuracy'"),
     ],
 )
@@ -214,3 +222,44 @@ async def test_isolated_sandboxes_are_not_the_host(backend, make_task):
         assert (await sandbox.exec("echo alive")).stdout.strip() == "alive"  # the sandbox survives the kill
     finally:
         await sandbox.stop()
+
+
+@pytest.mark.docker
+async def test_image_services_survive_the_kill_and_agent_leftovers_do_not(docker_backend, make_task):
+    """The image's ENTRYPOINT starts a server and ends in `exec "$@"` (as Harbor's dns-blacklisting recipe
+    does): the verifier's tests need it alive. What the agent leaves behind must still die: here a loop
+    that keeps writing 7 into reward.txt, which would outlast the test's own 1."""
+    entrypoint = '#!/bin/bash\npython3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &\nexec "$@"\n'
+    dockerfile = (
+        "FROM harbor-rl/sandbox-base:bookworm\nWORKDIR /app\nCOPY start.txt /app/start.txt\n"
+        'COPY entrypoint.sh /entrypoint.sh\nRUN chmod +x /entrypoint.sh\nENTRYPOINT ["/entrypoint.sh"]\n'
+    )
+    test_sh = (
+        "#!/bin/bash\nsleep 1\n"
+        "curl -sf http://127.0.0.1:8000/ >/dev/null && echo 1 > /logs/verifier/reward.txt\nsleep 1\n"
+    )
+    root = make_task(
+        files={
+            "environment/Dockerfile": dockerfile,
+            "environment/entrypoint.sh": entrypoint,
+            "tests/test.sh": test_sh,
+        }
+    )
+    task = load_task(root)
+    sandbox = await docker_backend.start(task.sandbox_spec(f"verify-{uuid.uuid4().hex[:8]}"))
+    try:
+        for _ in range(50):  # the server comes up with the container
+            if (await sandbox.exec("curl -sf http://127.0.0.1:8000/ >/dev/null")).ok:
+                break
+            time.sleep(0.1)
+        spare = await process_snapshot(sandbox)  # the agent phase begins
+        await sandbox.exec(
+            "setsid nohup bash -c 'while true; do echo 7 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.05; "
+            "done' >/dev/null 2>&1 < /dev/null & disown; sleep 0.3"
+        )
+        result = await verify(sandbox, task, spare=spare)
+        alive = await sandbox.exec("curl -sf http://127.0.0.1:8000/ >/dev/null")
+    finally:
+        await sandbox.stop()
+    assert result.reward == 1.0, result
+    assert alive.ok  # the image's server outlives the verifier too

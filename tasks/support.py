@@ -1,0 +1,121 @@
+"""Which of Harbor's task fields a run can honour: refused in one place, with one line each.
+
+Every field of Harbor's schema (tasks.models) is either acted on by the run (the rollout runner, the
+sandbox backends, the harnesses, the verifier) or refused here before a sandbox starts. `refusals`
+gives the reasons a task cannot run on a backend; `warnings` what runs, but not as the task declares
+it (printed by `harbor tasks check`). The README's "Harbor tasks" table lists both.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tasks.errors import UnsupportedTaskFeature
+from tasks.loader import Task, dockerfile_instructions
+from tasks.network import AgentNetwork, sandbox_network
+
+COMPOSE_BACKENDS = frozenset({"docker"})
+GPU_BACKENDS = frozenset({"docker"})
+
+
+def refusals(task: Task, backend: str) -> list[str]:
+    """Why `task` cannot run on `backend` (empty: it can), each one line naming the field."""
+    config, env = task.config, task.config.environment
+    found: list[str] = []
+    if env.docker_image is None and not task.paths.dockerfile.is_file() and task.paths.compose_file is None:
+        found.append("environment/Dockerfile: missing, and [environment] docker_image is not set; no image to run")
+    if env.os == "windows":
+        found.append("[environment] os = 'windows': Windows containers are not supported here")
+    if env.tpu is not None:
+        found.append("[environment] tpu: TPUs are not supported here")
+    if env.gpus and backend not in GPU_BACKENDS:
+        found.append(f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker")
+    if backend == "local" and _has_entrypoint(task):
+        found.append(
+            "environment/Dockerfile ENTRYPOINT: the local sandbox does not run an image's ENTRYPOINT "
+            "(its services would be missing); use --sandbox docker"
+        )
+    if task.paths.compose_file is not None and backend not in COMPOSE_BACKENDS:
+        found.append(
+            f"environment/{task.paths.compose_file.name}: the {backend} sandbox cannot run Docker Compose "
+            "environments; use --sandbox docker"
+        )
+    sections = [("[verifier]", config.verifier)] + [
+        (f"[[steps]] {step.name} verifier", step.config.verifier) for step in task.steps
+    ]
+    for where, verifier in sections:
+        if verifier.mode() == "separate":
+            found.append(f"{where} environment: a separate verifier container is not supported; verify in the agent's sandbox")
+        if verifier.collect:
+            found.append(f"{where} collect: collect hooks are not supported")
+    if task.paths.prior_trajectory.is_file() or any((s.root / "trajectory.json").is_file() for s in task.steps):
+        found.append("trajectory.json: seeding an agent with prior context is not supported")
+    return found
+
+
+_JSON_KEY = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:""")
+_MAX_TEST_FILE_BYTES = 512 * 1024
+
+
+def static_reward_keys(task: Task) -> list[str] | None:
+    """The metrics the task's verifier can report, as far as reading its tests tells: `["reward"]` when
+    they write only reward.txt; with a reward.json, every quoted `"key":` in them (a superset: other
+    dicts count too), plus `[verifier] reward_key`. None when the tests mention neither reward file
+    (written by something we cannot read, say). Lets a training run refuse at start-up a dataset
+    whose tasks never report the key it trains on, instead of finding out rollout by rollout."""
+    texts = [_read_small(p) for d in _tests_dirs(task) for p in sorted(d.rglob("*")) if p.is_file()]
+    joined = "\n".join(texts)
+    if "reward.json" not in joined:
+        return ["reward"] if "reward.txt" in joined else None
+    keys = set(_JSON_KEY.findall(joined))
+    if "reward.txt" in joined:
+        keys.add("reward")
+    if task.config.verifier.reward_key:
+        keys.add(task.config.verifier.reward_key)
+    return sorted(keys)
+
+
+def _tests_dirs(task: Task) -> list:
+    dirs = [task.paths.tests_dir] + [step.tests_dir for step in task.steps]
+    return [d for d in dirs if d.is_dir()]
+
+
+def _read_small(path) -> str:
+    try:
+        if path.stat().st_size > _MAX_TEST_FILE_BYTES:
+            return ""
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _has_entrypoint(task: Task) -> bool:
+    if task.config.environment.docker_image is not None or not task.paths.dockerfile.is_file():
+        return False
+    return any(word == "ENTRYPOINT" for _, word, _ in dockerfile_instructions(task.paths.dockerfile))
+
+
+def check_supported(task: Task, backend: str) -> None:
+    """Raise UnsupportedTaskFeature with the first refusal (and how many more there are)."""
+    found = refusals(task, backend)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UnsupportedTaskFeature(f"task {task.id}: {found[0]}{more}")
+
+
+def warnings(task: Task, backend: str, *, agent_network: AgentNetwork = "task") -> list[str]:
+    """What runs on `backend`, but not quite as the task declares it."""
+    found: list[str] = []
+    if task.config.environment.gpu_types:
+        found.append("[environment] gpu_types: Docker cannot choose a GPU type; any GPU is taken (as in Harbor)")
+    network = sandbox_network(task.config, agent_network=agent_network)
+    if backend == "local" and network.network_mode == "public":
+        found.append(
+            "network public: a local sandbox shares the host's network (its services are reachable); "
+            "--sandbox docker isolates it"
+        )
+    if backend == "local" and network.network_mode == "allowlist":
+        found.append("network allowlist: a local sandbox cannot filter by host, so the task is refused there")
+    if backend == "e2b" and network.network_mode == "no-network":
+        found.append("network no-network: an E2B sandbox still reaches the capture proxy's public URL only")
+    return found
