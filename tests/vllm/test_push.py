@@ -243,3 +243,21 @@ def test_a_pause_that_never_answers_is_resumed_and_reported(vllm) -> None:
     assert time.monotonic() - started < 10
     assert caught.value.step == "POST /pause"
     assert (engine.paused, engine.weight_version, engine.received) == (False, "default", [])
+
+
+def test_tensors_go_to_the_communicators_device(release) -> None:
+    """vLLM's PyNcclCommunicator asserts every tensor is on its device (pynccl.py `broadcast`): a trainer
+    on the CPU (or FSDP2's gathered copies) must be moved there. The wire form is made on the
+    communicator's device (here `meta`, a device this machine can allocate without a GPU)."""
+    from types import SimpleNamespace
+
+    from engine.weight_client import NcclTransport, Plan, TensorList, _Feeder
+
+    with release.active():
+        transport = NcclTransport()
+    transport.group = SimpleNamespace(device=torch.device("meta"))
+    weights = TensorList(trainer_model().named_parameters())
+    plan = Plan.build(weights.metadata(), torch.bfloat16)
+    sent = list(_Feeder(weights, plan, transport.device, None).items())
+    assert [n for n, _ in sent] == plan.names
+    assert all(t.device.type == "meta" and t.dtype == torch.bfloat16 for _, t in sent)
