@@ -98,7 +98,8 @@ def normalize_messages(messages: list[Any]) -> list[dict[str, Any]]:
 def _template_tool_call(call: Any, where: str) -> dict[str, Any]:
     """A tool call as chat templates render it: `function.arguments` an object, not OpenAI's JSON string.
 
-    Follows vLLM's `_postprocess_messages` (vllm/entrypoints/chat_utils.py): a string is parsed, and
+    Follows vLLM's `_postprocess_messages` (vllm/entrypoints/chat_utils.py in 0.28,
+    vllm/renderers/chat_utils/chat_message.py in 0.33): a string is parsed, and
     arguments that are missing, not valid JSON or not an object become `{}` so a malformed call in the
     history does not fail every later turn.
     """

@@ -58,4 +58,12 @@ class EngineStopped(EngineError):
 
 
 class WeightSyncError(EngineError):
-    """The trainer could not push its weights to the inference engine (client side of the protocol)."""
+    """The trainer could not push its weights to the inference engine (client side of the protocol).
+
+    `step` names the call that failed (e.g. "POST /update_weights"); `paused` says whether the engine
+    was left paused (True: it may hold part of the new weights, and nothing may sample from it)."""
+
+    def __init__(self, message: str, *, step: str | None = None, paused: bool = False) -> None:
+        super().__init__(message)
+        self.step = step
+        self.paused = paused

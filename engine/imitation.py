@@ -6,9 +6,10 @@ and its serving code produce it: top-level `prompt_token_ids` and per-choice `to
 `return_token_ids`, logprobs whose `token` reads `token_id:N` (the server's
 `--return-tokens-as-token-ids`), hermes-style tool calls, streamed chunks whose first carries the prompt
 ids and every later one its token-id delta, the trailing usage chunk of `stream_options.include_usage`,
-`data: [DONE]`, and `{"error": {...}}` bodies; and vLLM's RL control routes (pause/resume, the weight
-version tag: `_add_rl_routes`). It can also send the policy version header the embedded engine sends
-(`x-policy-version`); `policy_version=None` sends none, as vLLM.
+`data: [DONE]`, and `{"error": {...}}` bodies; and vLLM's RL control routes with their status codes
+and pause behaviour per release (`_add_rl_routes`; checked against both releases' own route code by
+`tests/engine/test_vllm_conformance.py`). It can also send the policy version header the embedded
+engine sends (`x-policy-version`); `policy_version=None` sends none, as vLLM.
 
 The "model" is a byte-level tokenizer (id = byte + 3; 1 = <|im_start|>, 2 = <|im_end|>, the EOS)
 with a chat template, and a deterministic sampler; so later prompts extend earlier prompt+completion ids
@@ -91,6 +92,11 @@ class ImitationSettings(BaseModel):
     as API gateways take it (e.g. `x-api-key`)."""
     openai_strict: bool = False
     """Refuse vLLM-only fields with 400 as api.openai.com does (an OpenAI-compatible API, not vLLM)."""
+    vllm_release: Literal["0.28", "0.33"] = "0.33"
+    """Whose pause behaviour to follow for new requests: after `/pause?mode=abort|wait`, 0.28 queues
+    them until /resume and 0.33 answers them 503 (`mode=keep` queues them in both)."""
+    dtype: str = "bfloat16"
+    """The dtype `/server_info` reports (vLLM serves a bf16 checkpoint in bfloat16)."""
 
 
 # -- the "tokenizer" and chat template ----------------------------------------------------------
@@ -275,6 +281,8 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
             return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         if cfg.latency_s:
             await asyncio.sleep(cfg.latency_s)
+        if (refused := _paused_refusal(app, cfg)) is not None:
+            return error(*refused)
         await app.state.running.wait()  # paused: held, answered after /resume (vLLM's pause mode keep)
         prompt_ids = prompt_for(body, endpoint)
         tools = body.get("tools") if endpoint == "chat" else None
@@ -335,39 +343,82 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
     return app
 
 
-# -- vLLM's RL routes (vllm/entrypoints/serve/dev/rlhf/api_router.py, vLLM 0.28.0-0.33.0) ----------
+# -- vLLM's RL routes (vllm/entrypoints/serve/dev/rlhf/api_router.py in 0.28.0, -----------------------
+# -- vllm/entrypoints/rl/online/api_router.py in 0.33.0; docs/design.md 3.9 has the table) -------------
+
+
+_PAUSED_503 = "Generation is paused. Please retry after it resumes."
+"""vLLM 0.33's refusal of a new request while paused in abort/wait mode (`_reject_add_while_paused`,
+vllm/v1/engine/core.py), a RetryableRequestError answered 503 (serve/exception_handling/error_response.py)."""
+
+
+def _paused_refusal(app: FastAPI, cfg: ImitationSettings) -> tuple[int, str, str] | None:
+    if app.state.running.is_set() or app.state.pause_mode == "keep" or cfg.vllm_release == "0.28":
+        return None
+    return 503, _PAUSED_503, "ServiceUnavailableError"
 
 
 def _add_rl_routes(app: FastAPI) -> None:
-    """The control routes a trainer drives, with vLLM's answers: pause/resume (a paused imitation holds
-    every reply until /resume, as `mode=keep` does; it has no running batch to abort or drain) and the
-    weight tag ("default" until /finish_weight_update or /update_weight_version names one, a string).
-    It moves no tensors: /init_weight_transfer_engine is refused (use the embedded engine for that)."""
+    """The control routes a trainer drives, with vLLM's answers and status codes: pause/resume (a
+    paused imitation holds replies until /resume, as `mode=keep` does, or refuses new ones per
+    `vllm_release`; it has no running batch to abort or drain), the weight tag ("default" until
+    /finish_weight_update or /update_weight_version names one, a string), and vLLM's worker's update
+    bookkeeping (`Worker` in vllm/v1/worker/gpu_worker.py: start opens an update, a second start, an
+    update or finish outside one are refused with 500). It moves no tensors: it is vLLM whose transfer
+    group never formed, so /init_weight_transfer_engine and /update_weights answer 500 as vLLM does
+    then (use the embedded engine to move tensors)."""
     app.state.weight_version = "default"
     app.state.running = asyncio.Event()
     app.state.running.set()
+    app.state.pause_mode = "keep"
+    app.state.update_open = False
 
-    def bad(message: str, status: int = 400) -> Response:
-        body = error_body(message, "BadRequestError" if status == 400 else "NotImplementedError", status)
+    def answer(body: dict, status: int = 200) -> Response:
         return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
-    async def tag_from(request: Request, key: str) -> str | None | Response:
+    def refused(message: str, status: int = 500) -> Response:
+        # vLLM: an engine failure is `Call to <utility> method failed: ...`, type InternalServerError;
+        # a malformed body is the HTTP status phrase ("Bad Request").
+        kind = "InternalServerError" if status == 500 else "Bad Request"
+        text = f"Call to collective_rpc method failed: {message}" if status == 500 else message
+        return answer(error_body(text, kind, status), status)
+
+    async def body_of(request: Request) -> dict | Response:
         raw = await request.body()
-        value = orjson.loads(raw).get(key) if raw.strip() else None
+        try:
+            body = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError:
+            return refused("Invalid JSON format", 400)
+        return body if isinstance(body, dict) else refused("Request body must be a JSON object", 400)
+
+    async def tag_from(request: Request, key: str) -> str | None | Response:
+        body = await body_of(request)
+        if isinstance(body, Response):
+            return body
+        value = body.get(key)
         if value is not None and not isinstance(value, str):
-            return bad(f"{key}: Input should be a valid string")
+            return refused(f"{key}: Input should be a valid string", 400)
         return value
 
     @app.get("/get_world_size")
     async def get_world_size() -> dict[str, int]:
         return {"world_size": 1}
 
+    @app.get("/server_info")
+    async def server_info(config_format: str = "text") -> Response:
+        cfg = app.state.settings
+        config = {"model_config": {"model": cfg.model, "served_model_name": cfg.model, "dtype": f"torch.{cfg.dtype}",
+                                   "max_model_len": 32768}, "parallel_config": {"world_size": 1}}  # fmt: skip
+        return answer({"vllm_config": config if config_format == "json" else str(config), "vllm_env": {},
+                       "system_env": {}})  # fmt: skip
+
     @app.post("/pause")
     async def pause(mode: str = "abort") -> Response:
         if mode not in ("abort", "wait", "keep"):
-            return bad(f"mode: Input should be 'abort', 'wait' or 'keep' (got {mode!r})")
+            return refused(f"mode: Input should be 'abort', 'wait' or 'keep' (got {mode!r})", 400)
+        app.state.pause_mode = mode
         app.state.running.clear()
-        return Response(orjson.dumps({"status": "paused"}), media_type="application/json")
+        return answer({"status": "paused"})
 
     @app.post("/resume")
     async def resume() -> dict[str, str]:
@@ -379,21 +430,48 @@ def _add_rl_routes(app: FastAPI) -> None:
         return {"is_paused": not app.state.running.is_set()}
 
     @app.post("/init_weight_transfer_engine")
-    async def init_weight_transfer_engine() -> Response:
-        return bad("the vLLM imitation moves no tensors: sync weights with the embedded engine", 501)
+    async def init_weight_transfer_engine(request: Request) -> Response:
+        body = await body_of(request)
+        if isinstance(body, Response):
+            return body
+        info = body.get("init_info")
+        if info is None:
+            return refused("Missing 'init_info' in request body", 400)
+        if not isinstance(info, dict) and app.state.settings.vllm_release == "0.33":
+            return refused("init_info: Input should be a valid dictionary", 400)
+        return refused("the vLLM imitation moves no tensors (use the embedded engine to sync weights)")
 
     @app.post("/start_weight_update")
-    async def start_weight_update() -> dict[str, str]:
-        return {"message": "Weight update started"}
+    async def start_weight_update() -> Response:
+        if app.state.update_open:
+            return refused("start_weight_update called while a weight update is already active. "
+                           "Call finish_weight_update first.")  # fmt: skip
+        app.state.update_open = True
+        return answer({"message": "Weight update started"})
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request) -> Response:
+        body = await body_of(request)
+        if isinstance(body, Response):
+            return body
+        if body.get("update_info") is None:
+            return refused("Missing 'update_info' in request body", 400)
+        if not app.state.update_open:
+            return refused("start_weight_update must be called before update_weights.")
+        app.state.update_open = False  # vLLM's worker ends an update that failed
+        return refused("NCCL weight transfer not initialized. Call init_transfer_engine() first.")
 
     @app.post("/finish_weight_update")
     async def finish_weight_update(request: Request) -> Response:
         version = await tag_from(request, "weight_version")
         if isinstance(version, Response):
             return version
+        if not app.state.update_open:
+            return refused("finish_weight_update called without a matching start_weight_update.")
+        app.state.update_open = False
         if version is not None:
             app.state.weight_version = version
-        return Response(orjson.dumps({"message": "Weight update finished"}), media_type="application/json")
+        return answer({"message": "Weight update finished"})
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:
@@ -401,15 +479,17 @@ def _add_rl_routes(app: FastAPI) -> None:
         if isinstance(version, Response):
             return version
         if version is None:
-            return bad("Missing 'new_version' in request body")
+            return refused("new_version: Field required", 400)
         app.state.weight_version = version
-        return Response(
-            orjson.dumps({"success": True, "new_version": version}), media_type="application/json"
-        )
+        return answer({"success": True, "new_version": version})
 
     @app.get("/weight_info")
     async def weight_info() -> dict[str, str]:
         return {"weight_version": app.state.weight_version}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        return {"success": True}  # vllm/entrypoints/serve/dev/cache/api_router.py
 
 
 # -- response shapes ----------------------------------------------------------------------------

@@ -4,9 +4,11 @@
 (`scheduler.BatchScheduler`) in a background thread.
 
 The weight-transfer routes mirror vLLM's (`vllm/entrypoints/serve/dev/rlhf/api_router.py` in vLLM 0.28.0,
-moved unchanged for these routes to `vllm/entrypoints/rl/online/api_router.py` by 0.33.0): the same
-paths, bodies and answers, the weight version a tag the trainer gives at /finish_weight_update
-("default" until then). One addition vLLM does not make: every response carries the served tag in the
+`vllm/entrypoints/rl/online/api_router.py` in 0.33.0; the table in docs/design.md 3.9 lists each route
+and where this engine differs): the same paths, bodies, answers and status codes (400 for a malformed
+body, 500 for anything vLLM's engine refuses), the weight version a tag the trainer gives at
+/finish_weight_update ("default" until then). `tests/engine/test_vllm_conformance.py` runs the same
+calls against both releases' own route code and this engine. One addition vLLM does not make: every response carries the served tag in the
 `x-policy-version` header (streams too: sent once the request has been admitted, so it names the
 weights its first token was sampled with); readers must not rely on it, vLLM sends none.
 """
@@ -31,7 +33,6 @@ from engine.errors import (
     EngineStopped,
     RequestError,
     WeightTransferError,
-    WeightTransferStateError,
 )
 from engine.protocol import POLICY_VERSION_HEADER, ChatRequest, CompletionRequest
 from engine.scheduler import INITIAL_WEIGHT_VERSION
@@ -86,12 +87,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         param = str(first[1]) if len(first) > 1 else None
         return _error(400, "; ".join(parts) or "invalid request", "BadRequestError", param)
 
-    @app.exception_handler(WeightTransferStateError)
-    async def state_error(_: Request, exc: WeightTransferStateError) -> JSONResponse:
-        return _error(409, str(exc), "ConflictError")
-
     @app.exception_handler(WeightTransferError)
     async def transfer_error(_: Request, exc: WeightTransferError) -> JSONResponse:
+        # vLLM answers every failure inside its engine (out-of-order calls included) with a 500.
         return _error(500, str(exc), "InternalServerError")
 
     @app.exception_handler(EngineStopped)
@@ -179,10 +177,8 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
 
     @app.post("/init_weight_transfer_engine")
     async def init_weight_transfer_engine(request: Request) -> dict[str, str]:
-        body = await _json_object(request)
-        if body.get("init_info") is None:
-            raise BadRequest("Missing 'init_info' in request body", param="init_info")
-        await asyncio.to_thread(engine(request).receiver.init, body["init_info"])
+        info = _body_field(await _json_object(request), "init_info", dict)  # 0.33: dict[str, Any]
+        await asyncio.to_thread(engine(request).receiver.init, info)
         return {"message": "Weight transfer initialized"}
 
     @app.post("/start_weight_update")
@@ -192,10 +188,8 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
 
     @app.post("/update_weights")
     async def update_weights(request: Request) -> dict[str, str]:
-        body = await _json_object(request)
-        if body.get("update_info") is None:
-            raise BadRequest("Missing 'update_info' in request body", param="update_info")
-        await asyncio.to_thread(engine(request).receiver.update, body["update_info"])
+        info = _body_field(await _json_object(request), "update_info", dict)  # one engine rank: no list
+        await asyncio.to_thread(engine(request).receiver.update, info)
         return {"message": "Weights updated"}
 
     @app.post("/finish_weight_update")
@@ -253,10 +247,11 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
         return {"status": "paused"}
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache(request: Request) -> Response:
-        # vLLM's development route (vllm/entrypoints/serve/cache/api_router.py): 200, no body.
+    async def reset_prefix_cache(request: Request) -> dict[str, bool]:
+        # vLLM's development route (vllm/entrypoints/serve/dev/cache/api_router.py): {"success": bool},
+        # false while blocks are held; the embedded cache holds none between steps.
         await asyncio.to_thread(engine(request).scheduler.reset_prefix_cache)
-        return Response(status_code=200)
+        return {"success": True}
 
     @app.post("/resume")
     async def resume(request: Request) -> dict[str, str]:
@@ -266,6 +261,17 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
     @app.get("/is_paused")
     async def is_paused(request: Request) -> dict[str, bool]:
         return {"is_paused": engine(request).scheduler.is_paused}
+
+
+def _body_field(body: dict[str, Any], key: str, kind: type) -> Any:
+    """A required body field: missing (or null) is a 400, as in both releases; the wrong JSON type a
+    400, as 0.33's `Body(embed=True)` models answer (0.28 passed it on and its engine answered 500)."""
+    value = body.get(key)
+    if value is None:
+        raise BadRequest(f"Missing '{key}' in request body", param=key)
+    if not isinstance(value, kind):
+        raise BadRequest(f"{key}: Input should be a valid dictionary", param=key)
+    return value
 
 
 def _optional_tag(body: dict[str, Any], key: str) -> str | None:

@@ -4,8 +4,9 @@ The sequence (docs/design.md 3.9) is vLLM's: `init_weight_transfer_engine` joins
 `rank_offset` while the trainer joins as rank 0; each sync is `start_weight_update`, one or more
 `update_weights` (the trainer broadcasts the tensors while the HTTP call is in flight), then
 `finish_weight_update`. Received tensors are only *staged*; finish applies them all at once between two
-generation steps. Any failure (bad names or shapes, a transport error) discards the staging: the engine
-keeps serving the old weights.
+generation steps. Any failure (bad names or shapes, a transport error) discards the staging and ends the
+update, as vLLM's worker ends it: the engine keeps its old weights, whole (vLLM may hold part of the new
+ones), and answers 500 as vLLM does (docs/design.md 3.9 has the route table).
 
 Read against vLLM 0.28.0 and 0.33.0 (the range pyproject pins), NCCL backend:
 - `init_info` is `NCCLWeightTransferInitInfo` (`vllm/distributed/weight_transfer/nccl_common.py`):
@@ -149,7 +150,14 @@ def receive_tensors(group, info: UpdateInfo, wire: InitInfo) -> list[torch.Tenso
 
 
 class WeightReceiver:
-    """The engine's end of the weight-transfer protocol; every method blocks (run it in a thread)."""
+    """The engine's end of the weight-transfer protocol; every method blocks (run it in a thread).
+
+    Its bookkeeping is vLLM's worker's (`Worker` in `vllm/v1/worker/gpu_worker.py`): a start opens an
+    update (a second start while one is open is refused), an update outside one is refused, a failed
+    update closes it, and a finish needs an open one. Errors are WeightTransferError (HTTP 500, as vLLM
+    answers every failure inside its engine). Unlike vLLM, which loads tensors layer by layer as they
+    arrive, the embedded engine stages them and applies them whole at the finish, so a failed update
+    leaves its previous weights untouched."""
 
     world_size = 1
     """Ranks this engine contributes to the group (vLLM: TP * PP * DP)."""
@@ -161,16 +169,15 @@ class WeightReceiver:
         self._wire: InitInfo | None = None
         self._lock = threading.Lock()
         self._staged: dict[str, torch.Tensor] | None = None
-        self._failure: str | None = None
+        """The open update's tensors (None: no update open)."""
 
-    def init(self, raw_info: Any) -> None:
-        info = InitInfo.parse(raw_info, "init_info")
+    def init(self, raw_info: dict[str, Any]) -> None:
+        info = _parsed(InitInfo, raw_info, "init_info")
         rank, world_size = info.rank_offset, info.world_size
         if not 0 < rank < world_size or rank + self.world_size > world_size:
-            raise BadRequest(
+            raise WeightTransferError(
                 f"init_info: rank_offset {rank} with this engine's {self.world_size} rank(s) does not fit "
-                f"world_size {world_size} (the trainer is rank 0)",
-                param="init_info",
+                f"world_size {world_size} (the trainer is rank 0)"
             )
         with self._lock:
             try:
@@ -187,64 +194,82 @@ class WeightReceiver:
 
     def start(self) -> None:
         """vLLM's /start_weight_update takes no arguments (a body such as TRL's
-        `{"is_checkpoint_format": true}` is ignored there and here)."""
+        `{"is_checkpoint_format": true}` is ignored there and here), and needs no group yet."""
         with self._lock:
-            if self._group is None:
+            if self._staged is not None:
                 raise WeightTransferStateError(
-                    "call /init_weight_transfer_engine before /start_weight_update"
+                    "start_weight_update called while a weight update is already active. Call "
+                    "finish_weight_update first."
                 )
-            self._staged, self._failure = {}, None
+            self._staged = {}
 
-    def update(self, raw_info: Any) -> None:
-        info = UpdateInfo.parse(raw_info, "update_info")
+    def update(self, raw_info: dict[str, Any]) -> None:
         with self._lock:
             if self._staged is None:
-                raise WeightTransferStateError("call /start_weight_update before /update_weights")
+                raise WeightTransferStateError("start_weight_update must be called before update_weights.")
             try:
-                tensors = receive_tensors(self._group, info, self._wire)
-            except (RuntimeError, ValueError) as exc:
-                # The group is unusable after a broken collective: the trainer must init again. The
-                # trainer may be gone and never send /resume, so serving resumes on the old weights now.
-                self._group, self._failure = None, f"transport failed: {exc}"
-                self.scheduler.resume()
-                log.warning(
-                    "weight transfer broke (%s); serving %r again", exc, self.scheduler.weight_version
-                )
-                raise WeightTransferError(f"receiving weights failed: {exc}") from exc
-            problem = self._check(info, tensors)
-            if problem:
-                self._failure = problem
-                raise BadRequest(problem, param="update_info")
-            self._staged.update(zip(info.names, tensors, strict=True))
+                self._receive(raw_info)
+            except BaseException:
+                self._staged = None  # vLLM's worker ends the update on any failure
+                raise
+
+    def _receive(self, raw_info: dict[str, Any]) -> None:
+        info = _parsed(UpdateInfo, raw_info, "update_info")
+        if self._group is None:
+            raise WeightTransferStateError(
+                "weight transfer not initialized: call /init_weight_transfer_engine first"
+            )
+        try:
+            tensors = receive_tensors(self._group, info, self._wire)
+        except (RuntimeError, ValueError) as exc:
+            # The group is unusable after a broken collective: the trainer must init again. The
+            # trainer may be gone and never send /resume, so serving resumes on the old weights now.
+            self._group = None
+            self.scheduler.resume()
+            log.warning("weight transfer broke (%s); serving %r again", exc, self.scheduler.weight_version)
+            raise WeightTransferError(f"receiving weights failed: {exc}") from exc
+        problem = self._check(info, tensors)
+        if problem:
+            raise WeightTransferError(problem)
+        self._staged.update(zip(info.names, tensors, strict=True))
 
     def _check(self, info: UpdateInfo, tensors: list[torch.Tensor]) -> str | None:
         params = self.scheduler.model.state_dict()
         for name, tensor in zip(info.names, tensors, strict=True):
             if name not in params:
                 return f"update_info: unknown parameter {name!r}"
-            if tuple(tensor.shape) != tuple(params[name].shape):
+            # vLLM's default_weight_loader loads a one-element tensor into any one-element parameter
+            # (a 0-dim one travels as shape [1]); otherwise the shapes must agree.
+            same = tuple(tensor.shape) == tuple(params[name].shape) or tensor.numel() == params[name].numel() == 1
+            if not same:
                 return f"update_info: {name} has shape {list(tensor.shape)}, the model has {list(params[name].shape)}"
             if not torch.isfinite(tensor.float()).all():
                 return f"update_info: {name} contains non-finite values"
         return None
 
     def finish(self, weight_version: str | None = None) -> None:
-        """Apply the staged weights atomically and, when a tag is given, make it the served weight
-        version (vLLM keeps its tag otherwise); on a failed update discard them and raise."""
+        """Apply the open update's tensors at once and, when a tag is given, make it the served weight
+        version (vLLM keeps its tag otherwise)."""
         with self._lock:
-            staged, failure = self._staged, self._failure
-            self._staged, self._failure = None, None
+            staged, self._staged = self._staged, None
         if staged is None:
-            raise WeightTransferStateError("call /start_weight_update before /finish_weight_update")
-        if failure is not None:
-            raise WeightTransferError(
-                f"weight update discarded, still serving weight version {self.scheduler.weight_version!r}: "
-                f"{failure}"
+            raise WeightTransferStateError(
+                "finish_weight_update called without a matching start_weight_update (or the update failed; "
+                f"still serving weight version {self.scheduler.weight_version!r})"
             )
 
         def apply(model: torch.nn.Module) -> None:
             params = model.state_dict()
             for name, tensor in staged.items():
-                params[name].copy_(tensor.to(params[name].dtype))
+                params[name].copy_(tensor.to(params[name].dtype).view(params[name].shape))
 
         self.scheduler.apply_weights(apply, weight_version)
+
+
+def _parsed(model: type[_WireModel], raw: dict[str, Any], param: str):
+    """vLLM checks init_info and update_info inside its engine (`parse_init_info`,
+    `parse_update_info`), so a bad one is a 500 there, not a 400."""
+    try:
+        return model.parse(raw, param)
+    except BadRequest as exc:
+        raise WeightTransferError(exc.message) from None

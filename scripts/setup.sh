@@ -114,4 +114,8 @@ fi
 if [ -x docker/stand-ins/build.sh ]; then
   bash docker/stand-ins/build.sh
 fi
+# 9. vLLM's own weight-transfer code for the CPU tests (tests/vllm/wheels.py): the two pinned releases'
+#    wheels, downloaded once into ~/.cache/harbor-rl/vllm-wheels (HARBOR_VLLM_WHEELS), a few files unzipped.
+log "fetching the pinned vLLM releases' source for the weight-sync tests (cached)"
+python3 -c "from tests.vllm.wheels import RELEASES, release_source; [release_source(v) for v in RELEASES]"
 log "ready"

@@ -34,7 +34,6 @@ UNSUPPORTED_TRL_FIELDS: dict[str, str] = {
     "router_aux_loss_coef": "MoE auxiliary losses are not implemented",
     "fork_threshold_tokens": "rows come from the capture's rollout graph, never from re-tokenising",
     "request_timeout": "the server's client has its own timeouts (HarborSessionFactory timeout_s)",
-    "weight_sync_timeout": "not implemented: a weight sync waits for the engine's answer",
     "token_budget": "use `max_tokens_per_batch`",
     "max_inflight_tasks": "use `max_concurrent_rollouts`",
     "queue_maxsize": "admission control (`max_staleness`) bounds the queue",
@@ -104,6 +103,10 @@ class AsyncGRPOConfig(BaseModel):
     `get_ip()` finds it (`VLLM_HOST_IP` wins there), which is what TRL uses."""
     weight_sync_steps: int = Field(default=1, ge=1)
     """Push the weights to the engine every this many optimizer steps."""
+    weight_sync_timeout: float = Field(default=1800.0, gt=0)
+    """Seconds allowed for the push steps that scale with the model: the group's rendezvous, the
+    transfer and the finish (TRL's). Pause, start and resume have 60 s each. A push that fails stops
+    the run (docs/design.md 3.9, "Failure semantics")."""
 
     # -- optimisation -------------------------------------------------------------------------------
     learning_rate: float = Field(default=1e-6, gt=0)

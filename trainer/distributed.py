@@ -10,7 +10,8 @@ groups), takes each step's groups and hands every rank its share of the rows (`s
 rank computes the loss of its rows over the step's trained-token count times the world size, so the
 gradients DDP/FSDP average across ranks are the same per-token mean one process would compute; every
 rank steps its own optimizer. Rank 0 alone pushes weights to the engine and writes checkpoints and
-metrics; under FSDP2 the full weights are gathered first, a collective every rank joins.
+metrics; under FSDP2 every rank iterates the pushed parameters, each `full_tensor()` a gather
+every rank joins, one parameter at a time (trainer/weights.py).
 
 Work only rank 0 does goes through `on_main`/`scatter_from_main`, which hand its result, or its error,
 to every rank, so no rank waits forever on one that failed.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -99,7 +100,8 @@ class Processes(Protocol):
     def no_sync(self, module: Any) -> contextlib.AbstractContextManager: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def clip_grad_norm(self, module: Any, max_norm: float) -> float: ...
-    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]: ...
+    gathers_weights: bool
+    """Every rank must iterate a weight push's parameters (FSDP2: each full tensor is a gather)."""
     def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]: ...
     def check_resume(self) -> None: ...
     def close(self) -> None: ...
@@ -111,6 +113,7 @@ class SingleProcess:
     rank = 0
     world_size = 1
     is_main = True
+    gathers_weights = False
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
@@ -142,9 +145,6 @@ class SingleProcess:
 
     def clip_grad_norm(self, module: Any, max_norm: float) -> float:
         return float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
-
-    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]:
-        return model.named_parameters()
 
     def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]:
         return model, optimizer
@@ -315,17 +315,9 @@ class AcceleratedProcesses:
         """Under FSDP2 every rank must call this (it all-gathers); rank 0 gets the full CPU tensors."""
         return self.accelerator.get_state_dict(module)
 
-    def full_parameters(self, model: torch.nn.Module, module: Any) -> Iterable[tuple[str, torch.Tensor]]:
-        """The full (name, tensor) of every parameter on rank 0, nothing elsewhere; names as
-        `model.named_parameters()` gives them (tied weights once)."""
-        if not self.is_fsdp2:
-            return model.named_parameters() if self.is_main else []  # DDP: every rank holds them all
-        state = self._full_state(module)
-        if not self.is_main:
-            return []
-        device = self.accelerator.device
-        # NCCL weight transfer broadcasts from the GPU; the gather left them on the CPU.
-        return ((name, state[name].to(device)) for name, _ in model.named_parameters())
+    @property
+    def gathers_weights(self) -> bool:
+        return self.is_fsdp2
 
     def checkpoint_parts(self, model: torch.nn.Module, module: Any, optimizer: Any) -> tuple[Any, Any]:
         """What rank 0 saves: the plain model and optimizer (DDP), or their gathered full states (FSDP2)."""

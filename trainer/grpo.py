@@ -52,6 +52,7 @@ from trainer.outcome import HarnessRolloutOutcome
 from trainer.packing import Batch, TrainItem, chunk_by_prefix, pack, split_by_tokens
 from trainer.rollout_worker import PromptSchedule, RolloutGroup, RolloutWorker, sampling_policy
 from trainer.versions import VersionLedger
+from trainer.weights import push_from_every_rank
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class HarnessAsyncGRPOTrainer:
                 self.args.vllm_server_base_url,
                 backend=self.args.weight_sync_backend,
                 master_address=self.args.weight_sync_master_address,
+                timeout_s=self.args.weight_sync_timeout,
+                expected_dtype=self._compute_dtype(),
             )
         self.worker: RolloutWorker | None = None
         self.metrics_log: MetricsLogger | None = None
@@ -415,13 +418,24 @@ class HarnessAsyncGRPOTrainer:
         pad = getattr(getattr(self.model, "config", None), "pad_token_id", None)
         return int(pad) if pad is not None else 0
 
+    def _compute_dtype(self) -> torch.dtype:
+        """What the forward passes compute in: bf16 under autocast, else the weights' dtype. The engine
+        should serve the same (`vllm serve --dtype`); the weight client warns when it does not."""
+        if self.placement.bf16:
+            return torch.bfloat16
+        return next((p.dtype for p in self.model.parameters()), torch.float32)
+
     def _sync_weights(self) -> float:
+        """Push the weights (docs/design.md 3.9): only what vLLM loads, one full tensor at a time. Under
+        FSDP2 every rank iterates the stream (each `full_tensor()` is a collective); rank 0 sends. A
+        failed push raises WeightSyncError on every rank: the run stops."""
         t0 = time.monotonic()
-        named = self.processes.full_parameters(self.model, self.module)  # FSDP2: every rank gathers
         # The trainer owns the version (as TRL's model_version): each push is the next one, tagged on
         # the engine; nothing is read back (vLLM reports only the tag it was given).
         version = self.policy_version + 1
-        self.policy_version = self.processes.on_main(lambda: self.weight_sync.push(named, version=version))
+        self.policy_version = push_from_every_rank(
+            self.model, self.processes, lambda stream: self.weight_sync.push(stream, version=version)
+        )
         self.ledger.record(self.policy_version)
         return time.monotonic() - t0
 

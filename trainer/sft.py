@@ -108,7 +108,8 @@ def _render(
 def _as_served(message: dict[str, Any]) -> dict[str, Any]:
     """A message as an OpenAI-compatible server hands it to the chat template, so SFT trains on the text
     the engine will show the model: null content as "", tool-call arguments (OpenAI's JSON strings) as
-    objects. vLLM does this in `_postprocess_messages` (vllm/entrypoints/chat_utils.py), and so does our
+    objects. vLLM does this in `_postprocess_messages` (vllm/entrypoints/chat_utils.py in 0.28,
+    vllm/renderers/chat_utils/chat_message.py in 0.33), and so does our
     engine (`engine.chat.normalize_messages`); without it Qwen2.5's template would render the arguments as a
     quoted string, a format the model never sees at serving time."""
     out = {**message, "content": message.get("content") or ""}

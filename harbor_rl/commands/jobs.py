@@ -68,7 +68,8 @@ def register(app: typer.Typer) -> None:
     def launch(
         config: Path | None = typer.Option(None, "--config", help="YAML file of settings; flags win."),
         image: str | None = typer.Option(None, "--image", help="Your own image with harbor-rl and vLLM (docker/trainer/); default: vLLM's official image, harbor-rl installed at start."),
-        install: str | None = typer.Option(None, "--install", help="pip requirement installed on the stock image at start (default: this harbor-rl release)."),
+        install: str | None = typer.Option(None, "--install", help="pip requirement installed on the stock image at start (default: this checkout's wheel, uploaded to --wheel-repo)."),
+        wheel_repo: str | None = typer.Option(None, "--wheel-repo", help="Hub model repo for this checkout's wheel (default: --push-to-hub's, else <you>/harbor-rl-wheels)."),
         flavor: str | None = typer.Option(None, "--flavor", help="Hardware flavour, e.g. h200x2 (2+ GPUs for vLLM)."),
         timeout: str | None = typer.Option(None, "--timeout", help="Most the job may run: seconds or e.g. 30m, 6h, 1d."),
         model: str | None = typer.Option(None, "--model", help="Hub model id (downloaded on the job) or a folder there."),
@@ -100,7 +101,7 @@ def register(app: typer.Typer) -> None:
             "image": image, "flavor": flavor, "timeout": timeout, "model": model,
             "served_model_name": served_model_name, "dataset": dataset, "split": split, "harness": harness,
             "sandbox": sandbox, "secrets": secret, "volume": volume, "namespace": namespace, "run_name": name,
-            "public_url": public_url, "install": install, "push_to_hub": push_to_hub,
+            "public_url": public_url, "install": install, "wheel_repo": wheel_repo, "push_to_hub": push_to_hub,
             "push_all_checkpoints": push_all_checkpoints or None,
         }  # fmt: skip
         data = merge_settings(
@@ -116,7 +117,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(render_dry_run(launch_config, spec, missing))
             return
         try:
-            job = hub.launch(hub.make_api(), spec)
+            api = hub.make_api()
+            if launch_config.image is None and launch_config.install is None:
+                wheel = hub.ship_checkout(api, launch_config, typer.echo)
+                spec, _ = build_job_spec(launch_config, os.environ, wheel=wheel)
+            job = hub.launch(api, spec)
         except JobsError as exc:
             raise _fail(str(exc)) from None
         typer.echo(f"launched job {job.id} ({launch_config.run_name}): {getattr(job, 'url', '')}")

@@ -12,7 +12,15 @@ import secrets as _random
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from harbor_rl.jobs.errors import JobConfigError
 from tasks.datasets import split_name
@@ -20,7 +28,7 @@ from tasks.datasets import split_name
 HF_TOKEN, E2B_API_KEY = "HF_TOKEN", "E2B_API_KEY"
 STOCK_IMAGE = "vllm/vllm-openai:v0.33.0"
 """The image a job runs on without `--image`: vLLM's official one at the top of the range pyproject pins
-(vLLM, torch and CUDA in it), with harbor-rl installed at job start. The TRL guide's Jobs launcher
+(vLLM, torch and CUDA in it), with harbor-rl installed at job start (this checkout's wheel by default). The TRL guide's Jobs launcher
 (trl examples/async_grpo_harbor/async_grpo_harbor_hf_jobs.py) likewise runs on a stock image
 (`huggingface/trl`) and installs what it needs when the job starts."""
 RUN_LABEL = "harbor-run"
@@ -45,15 +53,6 @@ _LAUNCHER_OWNED = {
     "sandbox": "sandbox",
     "output_dir": "output_dir",
 }
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("harbor-rl")
-    except PackageNotFoundError:  # a source tree without an install
-        return "0.1.0"
 
 
 def new_run_name() -> str:
@@ -176,11 +175,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"{v!r} must start with http:// or https://")
         return v
 
-    @field_validator("push_to_hub")
+    @field_validator("push_to_hub", "wheel_repo", check_fields=False)  # wheel_repo: LaunchConfig's
     @classmethod
-    def _repo_id(cls, v: str | None) -> str | None:
+    def _repo_id(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not _REPO_ID.match(v):
-            raise ValueError(f"push_to_hub {v!r}: give a model repo as namespace/name")
+            raise ValueError(f"{info.field_name} {v!r}: give a model repo as namespace/name")
         return v
 
     @field_validator("trainer")
@@ -235,9 +234,14 @@ class LaunchConfig(RunConfig):
     image: str | None = None
     """An image of your own with harbor-rl and vLLM in it (docker/trainer/), pushed where the Hub can pull
     it. None: `STOCK_IMAGE`, with `install` run at job start."""
-    install: str = Field(default_factory=lambda: f"harbor-rl[e2b]=={_version()}")
-    """What `pip install` gets on the stock image before the run (a requirement: this release by default,
-    or e.g. `harbor-rl[e2b] @ git+https://...`); unused with your own `image`."""
+    install: str | None = None
+    """What `pip install` gets on the stock image before the run, e.g. `harbor-rl[e2b] @ git+https://...`.
+    None (the default): the wheel of the checkout being launched, built and uploaded to `wheel_repo` at
+    launch and installed on the job by its commit and sha256 (harbor_rl/jobs/wheel.py; harbor-rl is not
+    on PyPI). Unused with your own `image`."""
+    wheel_repo: str | None = None
+    """Hub model repo the default install's wheel is uploaded to (under `wheels/`, created private if
+    missing). None: `push_to_hub`, else `<namespace or your user>/harbor-rl-wheels`."""
     flavor: str = "h200x2"
     """Hardware flavour (`harbor jobs launch --help` lists them); vLLM needs a flavour with 2+ GPUs."""
     timeout: str = "2h"

@@ -1,15 +1,19 @@
-"""The Hub's jobs API, wrapped: launch, status, logs, cancel, and what the launcher asks of the Hub on
-the job (its own public URL, the model's files). Every call takes the `HfApi` to use."""
+"""The Hub's jobs API, wrapped: launch, status, logs, cancel, uploading the wheel a job installs, and
+what the launcher asks of the Hub on the job (its own public URL, the model's files). Every call takes
+the `HfApi` to use."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from harbor_rl.jobs.config import RUN_LABEL, RunConfig
+from harbor_rl.jobs.config import RUN_LABEL, LaunchConfig, RunConfig
 from harbor_rl.jobs.errors import HubError, LauncherError
 from harbor_rl.jobs.spec import JobSpec
+from harbor_rl.jobs.wheel import WheelRef, build_wheel, required_checkout, sha256_of, wheel_repo
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi, JobInfo
@@ -117,3 +121,34 @@ def download_model(repo_id: str, local_dir: str) -> str:
     from huggingface_hub import snapshot_download
 
     return hub_call(f"downloading {repo_id}", lambda: snapshot_download(repo_id, local_dir=local_dir))
+
+
+def upload_wheel(api: HfApi, wheel: Path, repo_id: str, *, private: bool = True) -> WheelRef:
+    """Put the wheel under `wheels/` of the model repo (created private if missing); pinned to the
+    commit that added it."""
+    hub_call(f"creating {repo_id}", lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True))
+    path_in_repo = f"wheels/{wheel.name}"
+    what = f"uploading {wheel.name} to {repo_id}"
+    try:
+        commit = hub_call(
+            what,
+            lambda: api.upload_file(path_or_fileobj=str(wheel), path_in_repo=path_in_repo, repo_id=repo_id,
+                                    repo_type="model", commit_message=f"harbor jobs: {wheel.name}"),
+        )  # fmt: skip
+    except RuntimeError as exc:  # huggingface_hub wraps a failed LFS/Xet transfer in a RuntimeError
+        raise HubError(f"{what}: {exc} ({exc.__cause__ or 'no cause given'})") from exc
+    return WheelRef(repo_id, path_in_repo, commit.oid, sha256_of(wheel))
+
+
+def ship_checkout(api: HfApi, config: LaunchConfig, say: Callable[[str], None]) -> WheelRef:
+    """Build this checkout's wheel and upload it where the job will install it from."""
+    root = required_checkout()
+    named = config.wheel_repo or config.push_to_hub or config.namespace
+    user = None if named else hub_call("asking the Hub who you are", lambda: api.whoami()["name"])
+    repo = wheel_repo(config, user)
+    with tempfile.TemporaryDirectory(prefix="harbor-wheel-") as out:
+        wheel = build_wheel(root, Path(out))
+        say(f"built {wheel.name} from {root}")
+        ref = upload_wheel(api, wheel, repo, private=config.hub_private)
+    say(f"uploaded it to hf.co/{repo}/blob/{ref.revision}/{ref.path_in_repo} (sha256 {ref.sha256})")
+    return ref

@@ -47,6 +47,13 @@ def model_location(config: RunConfig) -> tuple[str, str | None]:
     return str(PurePosixPath(config.work_dir) / "models" / model.replace("/", "--")), model
 
 
+def engine_dtype(config: RunConfig) -> str:
+    """The dtype vLLM serves in: the one the trainer computes in, so sampling and training logprobs
+    agree (docs/design.md 3.9). The trainer's weights are float32 under bf16 autocast, which is on
+    with CUDA unless the run sets `bf16: false`."""
+    return "float32" if config.trainer.get("bf16") is False else "bfloat16"
+
+
 def engine_spec(config: RunConfig, model_path: str) -> ProcessSpec:
     settings = config.engine
     common = ["--host", "127.0.0.1", "--port", str(settings.port), "--served-model-name", config.served_name]
@@ -58,7 +65,7 @@ def engine_spec(config: RunConfig, model_path: str) -> ProcessSpec:
     else:
         # The flags the capture and the trainer rely on (docs/design.md 3.3, 3.9): token ids and processed
         # logprobs for the capture, the dev-mode weight-transfer endpoints over NCCL for the sync.
-        argv = ["vllm", "serve", model_path, *common,
+        argv = ["vllm", "serve", model_path, *common, "--dtype", engine_dtype(config),
                 "--weight-transfer-config", json.dumps({"backend": "nccl"}),
                 "--logprobs-mode", "processed_logprobs", "--return-tokens-as-token-ids",
                 "--gpu-memory-utilization", str(settings.gpu_memory_utilization)]  # fmt: skip

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr
 from harbor_rl.jobs.config import HF_TOKEN, RUN_LABEL, LaunchConfig, gpu_count
 from harbor_rl.jobs.errors import JobConfigError, MissingSecretError
 from harbor_rl.jobs.plan import build_plan, model_location
+from harbor_rl.jobs.wheel import INSTALL_COMMAND, WheelRef, checkout_root, pending_ref, wheel_env
 
 
 class VolumeSpec(BaseModel):
@@ -72,12 +73,15 @@ def build_job_spec(
     config: LaunchConfig,
     environ: Mapping[str, str],
     *,
+    wheel: WheelRef | None = None,
     saved_token: Callable[[], str | None] | None = None,
     require_secrets: bool = True,
 ) -> tuple[JobSpec, list[str]]:
     """The job for CONFIG, secrets read from ENVIRON; returns (spec, names of secrets not set locally).
 
     With `require_secrets` a missing secret is a MissingSecretError (a dry run lists them instead).
+    `wheel` is the uploaded wheel of the default install (None: the one launching would upload, with
+    its commit and hash still to come, as the dry run shows it).
     """
     if saved_token is None:
         from huggingface_hub import get_token as saved_token
@@ -96,7 +100,8 @@ def build_job_spec(
             f"(e.g. `export {missing[0]}=...`{'; or `hf auth login`' if missing[0] == HF_TOKEN else ''})"
         )
     command = job_command(config)
-    env = {"PYTHONUNBUFFERED": "1", **config.env}
+    installs_wheel = config.image is None and config.install is None
+    env = {"PYTHONUNBUFFERED": "1", **(wheel_env(wheel or pending_ref(config)) if installs_wheel else {}), **config.env}
     _refuse_leaks(values, env, command)
     volumes = (
         [VolumeSpec(type="bucket", source=config.volume, mount_path=config.volume_mount)]
@@ -123,7 +128,8 @@ def build_job_spec(
 
 def job_command(config: LaunchConfig) -> list[str]:
     """`harbor jobs run-on-host` with the run's settings; on the stock image, after installing harbor-rl
-    (the job's `command` replaces the image's entrypoint, e.g. vLLM's `vllm serve`)."""
+    (the job's `command` replaces the image's entrypoint, e.g. vLLM's `vllm serve`): `install` as given,
+    else this checkout's uploaded wheel, which the job's env names (`wheel_env`)."""
     run = [
         "harbor",
         "jobs",
@@ -133,7 +139,10 @@ def job_command(config: LaunchConfig) -> list[str]:
     ]
     if config.image is not None:
         return run
-    install = f"python3 -m pip install --no-cache-dir {shlex.quote(config.install)}"
+    if config.install is not None:
+        install = f"python3 -m pip install --no-cache-dir {shlex.quote(config.install)}"
+    else:
+        install = INSTALL_COMMAND
     return ["bash", "-c", f"{install} && exec {shlex.join(run)}"]
 
 
@@ -156,6 +165,28 @@ def _kept_where(config: LaunchConfig) -> str:
     return ", ".join(places) or "LOST when the job ends (give --push-to-hub REPO or --volume BUCKET)"
 
 
+def _install_note(config: LaunchConfig) -> str:
+    if config.install is not None:
+        return f"pip install {config.install}"
+    ref = pending_ref(config)
+    return f"install this checkout's wheel {ref.name} from hf.co/{ref.repo_id}"
+
+
+def _wheel_lines(config: LaunchConfig) -> list[str]:
+    """What launching does before the job starts, for the default install."""
+    if config.image is not None or config.install is not None:
+        return []
+    ref = pending_ref(config)
+    return [
+        "",
+        "Before the job starts, `harbor jobs launch` (not this dry run):",
+        f"  build the wheel of this checkout ({checkout_root()}): {ref.name} (pip wheel --no-deps)",
+        f"  upload it to hf.co/{ref.repo_id} as {ref.path_in_repo} (private if new; huggingface_hub upload_file)",
+        "  the job installs that exact file: HARBOR_WHEEL_REVISION (the upload's commit) and HARBOR_WHEEL_SHA256 "
+        "are filled in then",
+    ]
+
+
 def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> str:
     """The job spec and the launcher's commands, as text (nothing is sent to the Hub)."""
     run = config.run_config()
@@ -167,8 +198,7 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
     ]
     lines = [
         "Hugging Face job (dry run: nothing is sent to the Hub)",
-        f"  image:     {spec.image}"
-        + ("" if config.image else f"  (stock; at start: pip install {config.install})"),
+        f"  image:     {spec.image}" + ("" if config.image else f"  (stock; at start: {_install_note(config)})"),
         f"  flavor:    {spec.flavor} ({gpu_count(spec.flavor)} GPUs)",
         f"  timeout:   {spec.timeout}",
         f"  namespace: {spec.namespace or '(your user)'}",
@@ -180,6 +210,7 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
         f"  outputs:   {_kept_where(config)}",
         f"  expose:    {', '.join(f'{p} (public: capture port for E2B sandboxes)' for p in spec.expose_public) or '(none)'}",
         f"  command:   {shlex.join(spec.command)}",
+        *_wheel_lines(config),
         "",
         "On the job, `harbor jobs run-on-host` runs, each step healthy before the next:",
     ]

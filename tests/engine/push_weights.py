@@ -5,8 +5,8 @@ it to the engine with `engine.weight_client` over gloo. Prints one JSON line wit
 
 Pushes are packed (TRL's `packed: true` in init_info) unless the mode says otherwise. `twice` pushes
 versions 1 and 2 through one transfer group; `plain` sends one tensor per broadcast; `small-chunks`
-packs into 64 KiB buffers, so the model travels as many chunks cut the way vLLM cuts them. `die` pauses
-the engine, starts an update, broadcasts half the tensors and exits hard: a trainer crashing mid-update.
+packs into 64 KiB buffers, so the model travels as many chunks cut the way vLLM cuts them. `die` exits hard
+halfway through sending the tensors: a trainer crashing mid-update.
 """
 
 from __future__ import annotations
@@ -35,20 +35,22 @@ def perturbed(model_dir: str, step: int = 1) -> torch.nn.Module:
     return model
 
 
-def die_mid_update(url: str, named: list[tuple[str, torch.Tensor]]) -> None:
-    sync = WeightSyncClient(url, backend="gloo", timeout_s=60, packed=False)
-    sync.init_transfer()
-    sync._call("POST", "/pause", params={"mode": "keep"})
-    sync._call("POST", "/start_weight_update", json={"is_checkpoint_format": True})
-    info = {
-        "names": [n for n, _ in named],
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named],
-        "shapes": [list(t.shape) for _, t in named],
-    }
-    sync._in_background("/update_weights", {"update_info": info})
-    sync.transport.send([(n, t.detach().contiguous()) for n, t in named[: len(named) // 2]], info)
-    print(json.dumps({"died_after": len(named) // 2}), flush=True)
-    os._exit(0)
+class DieHalfway:
+    """Weights whose iteration kills the process halfway: a trainer crashing mid-update, after the
+    engine has started receiving."""
+
+    def __init__(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        self.named = named
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        return [(n, t.dtype, tuple(t.shape)) for n, t in self.named]
+
+    def __iter__(self):
+        for index, (name, tensor) in enumerate(self.named):
+            if index == len(self.named) // 2:
+                print(json.dumps({"died_after": index}), flush=True)
+                os._exit(0)
+            yield name, tensor.detach()
 
 
 def main() -> None:
@@ -59,16 +61,15 @@ def main() -> None:
     if mode == "bad-shape":  # a trainer bug: one tensor has the wrong shape
         name, param = named[3]
         named[3] = (name, torch.zeros(param.shape[0] + 1, *param.shape[1:]))
-    if mode == "die":
-        die_mid_update(url, named)
-    options = {"plain": {"packed": False}, "small-chunks": {"packed_buffer_size_bytes": 64 * 1024}}
+    options = {"plain": {"packed": False}, "small-chunks": {"packed_buffer_size_bytes": 64 * 1024},
+               "die": {"packed": False}}  # fmt: skip
     with WeightSyncClient(url, backend="gloo", timeout_s=60, **options.get(mode, {})) as sync:
         try:
-            versions = [sync.push(named, version=1)]
+            versions = [sync.push(DieHalfway(named) if mode == "die" else named, version=1)]
             if mode == "twice":
                 versions.append(sync.push(perturbed(model_dir, step=2).named_parameters(), version=2))
         except WeightSyncError as exc:
-            print(json.dumps({"error": str(exc)}))
+            print(json.dumps({"error": str(exc), "step": exc.step, "paused": exc.paused}))
             return
     print(json.dumps({"versions": versions}))
 

@@ -1,4 +1,4 @@
-"""`harbor jobs launch` without `--image` (vLLM's official image, harbor-rl installed at start), the
+"""`harbor jobs launch` without `--image` (vLLM's official image, this checkout's wheel installed at start), the
 trainer under `accelerate launch` beyond 2 GPUs, and outputs that outlive the job: pushed to a Hub repo
 (one commit, against an `HfApi` autospec'd from the installed huggingface_hub) or kept on a volume."""
 
@@ -14,6 +14,7 @@ from harbor_rl.cli import app
 from harbor_rl.jobs.config import STOCK_IMAGE, load_run_config
 from harbor_rl.jobs.outputs import SUMMARY_FILE, push_outputs
 from harbor_rl.jobs.plan import trainer_spec
+from harbor_rl.jobs.wheel import INSTALL_COMMAND
 from tests.store.factories import make_session
 
 STOCK = ["jobs", "launch", "--model", "Qwen/Qwen3-0.6B", "--dataset", "hf:myorg/swe-tasks@train",
@@ -28,19 +29,29 @@ def dry_run(*extra: str) -> list[str]:
 
 def test_without_image_the_job_runs_on_vllms_image_and_installs_harbor_rl(secrets_env, fake_api) -> None:
     lines = dry_run()
-    assert f"  image:     {STOCK_IMAGE}  (stock; at start: pip install harbor-rl[e2b]==0.1.0)" in lines
+    assert (
+        f"  image:     {STOCK_IMAGE}  (stock; at start: install this checkout's wheel "
+        "harbor_rl-0.1.0-py3-none-any.whl from hf.co/<your user>/harbor-rl-wheels)"
+    ) in lines  # harbor-rl is not on PyPI: tests/jobs/test_launch_wheel.py follows the wheel
     assert STOCK_IMAGE == "vllm/vllm-openai:v0.33.0"  # the top of pyproject's vllm>=0.28,<0.34
     argv = shlex.split(
         next(line for line in lines if line.startswith("  command:")).removeprefix("  command:")
     )
     assert argv[:2] == ["bash", "-c"]
     install, _, run = argv[2].partition(" && exec ")
-    assert install == "python3 -m pip install --no-cache-dir 'harbor-rl[e2b]==0.1.0'"
+    assert install == INSTALL_COMMAND
     run_argv = shlex.split(run)
     assert run_argv[:4] == ["harbor", "jobs", "run-on-host", "--config-json"]
     assert json.loads(run_argv[4])["model"] == "Qwen/Qwen3-0.6B"
     assert "  outputs:   LOST when the job ends (give --push-to-hub REPO or --volume BUCKET)" in lines
     assert fake_api.method_calls == []
+
+
+def test_vllm_serves_in_the_dtype_the_trainer_computes_in(secrets_env, fake_api) -> None:
+    engine = next(line for line in dry_run() if " engine: " in line)
+    assert " --dtype bfloat16 " in engine  # the trainer's bf16 autocast, on with CUDA by default
+    engine = next(line for line in dry_run("--set", "bf16=false") if " engine: " in line)
+    assert " --dtype float32 " in engine
 
 
 def test_own_image_and_install_spec_are_taken_as_given(secrets_env, fake_api) -> None:

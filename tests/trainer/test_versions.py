@@ -45,7 +45,8 @@ def test_turns_through_the_proxy_from_a_headerless_engine_get_the_trainers_versi
     held.start()
     time.sleep(0.5)
     assert held.is_alive()  # held by the pause
-    engine.post("/finish_weight_update", json={"weight_version": "2"})
+    assert engine.post("/start_weight_update").status_code == 200
+    assert engine.post("/finish_weight_update", json={"weight_version": "2"}).status_code == 200
     ledger.record(2)
     engine.post("/resume")
     held.join(30)
