@@ -37,7 +37,7 @@ from evaluation.errors import DatasetMisaligned, ProviderError
 from evaluation.jobs import error_line, job_store_url, write_json_atomic
 from evaluation.models import chosen_reward, classify_error, is_scored
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, token_counts
-from evaluation.runner import load_datasets, print_errors, select_tasks
+from evaluation.runner import load_datasets, print_errors, print_refused, select_tasks
 from harbor_server import RolloutRequest
 from tasks import Dataset, Task
 
@@ -307,12 +307,16 @@ async def run_collect(
     llm_api_key: str | None = None,
     console: Console | None = None,
     datasets: Mapping[str, Dataset] | None = None,
+    strict: bool = False,
 ) -> CollectSummary:
     console = console or Console(stderr=True)
     check_choices(config.harness, config.sandbox)  # before the output folder exists
     datasets = (
-        dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
+        dict(datasets)
+        if datasets is not None
+        else await asyncio.to_thread(load_datasets, config.datasets, strict=strict)
     )
+    print_refused(console, datasets, config.task_globs)
     tasks = select_tasks(datasets, config.task_globs)
     total = config.num_episodes or len(tasks)
     plan = {episode_id(config.prefix, i): tasks[i % len(tasks)] for i in range(total)}

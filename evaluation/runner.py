@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -53,10 +54,24 @@ class Trial:
         return (self.split, self.task_id, self.attempt)
 
 
-def load_datasets(specs: list[str]) -> dict[str, Dataset]:
+def load_datasets(specs: list[str], *, strict: bool = False) -> dict[str, Dataset]:
+    """The `--dataset` specs as splits; a task that cannot be loaded is listed in its dataset's `refused`
+    (`strict`: the whole dataset is refused instead)."""
     import harbor_server
 
-    return harbor_server.load_datasets(specs)
+    return harbor_server.load_datasets(specs, strict=strict)
+
+
+def print_refused(console: Console, datasets: Mapping[str, Dataset], globs: list[str]) -> int:
+    """One line per refused task the run would have taken (all, without `--task` patterns); how many."""
+    count = 0
+    for split, dataset in datasets.items():
+        for refusal in dataset.refused:
+            if globs and not any(fnmatch.fnmatch(refusal.task_id, g) for g in globs):
+                continue
+            console.print(f"[yellow]refused[/] {split}/{refusal.task_id}: {escape(refusal.reason)}")
+            count += 1
+    return count
 
 
 def select_tasks(datasets: Mapping[str, Dataset], globs: list[str]) -> list[tuple[str, str]]:
@@ -161,16 +176,21 @@ async def run_eval(
     llm_api_key: str | None = None,
     console: Console | None = None,
     datasets: Mapping[str, Dataset] | None = None,
+    strict: bool = False,
 ) -> JobSummary:
-    """Run (or resume) one job; returns its summary, also written to <job>/result.json."""
+    """Run (or resume) one job; returns its summary, also written to <job>/result.json. A task that
+    cannot be loaded is listed and the others run (`strict`: the job is refused instead)."""
     console = console or Console(stderr=True)
     # Everything that can be refused is refused here, before the job folder exists: a typo must not
     # leave a folder that a bare --resume then takes for the latest job.
     check_choices(config.harness, config.sandbox)
     llm_url, model = engine_for(config.harness, config.llm_url, config.model)
     datasets = (
-        dict(datasets) if datasets is not None else await asyncio.to_thread(load_datasets, config.datasets)
+        dict(datasets)
+        if datasets is not None
+        else await asyncio.to_thread(load_datasets, config.datasets, strict=strict)
     )
+    print_refused(console, datasets, config.task_globs)
     selected = select_tasks(datasets, config.task_globs)
     trials = plan_trials(selected, config.attempts)
     planned = [TaskConfig(path=str(datasets[s].get(t).paths.root), source=s) for s, t in selected]

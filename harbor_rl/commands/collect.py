@@ -67,6 +67,11 @@ def collect_command(
     max_tokens: int | None = typer.Option(
         None, "--max-tokens", min=1, help="Most completion tokens per model call (default: the agent's own)."
     ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse the run when any task cannot be loaded (default: list them, run the rest).",
+    ),
     resume: bool = typer.Option(
         False, "--resume", help="Continue an existing output, skipping ids already there."
     ),
@@ -121,6 +126,7 @@ def collect_command(
             store_url=store,
             llm_api_key=llm_api_key,
             console=console,
+            strict=strict,
         )
     )
     console.print(

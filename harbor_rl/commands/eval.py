@@ -41,6 +41,11 @@ def eval_command(
     job_name: str | None = typer.Option(
         None, "--job-name", help="Job folder name (default: time + harness)."
     ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse the run when any task cannot be loaded (default: list them, run the rest).",
+    ),
     resume: bool = typer.Option(
         False,
         "--resume",
@@ -117,6 +122,7 @@ def eval_command(
             store_url=store,
             llm_api_key=llm_api_key,
             console=console,
+            strict=strict,
         )
     )
     typer.echo(str(output_dir / summary.job_name / "result.json"))

@@ -200,6 +200,7 @@ async def _serve(config, console) -> int:
 
 
 def _print_summary(server, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from capture_proxy.store.engine import redact
@@ -220,7 +221,7 @@ def _print_summary(server, console) -> None:
     console.print(datasets, sandboxes)
     for split, data in server.manager.datasets.items():
         for refusal in data.refused:  # one line each: the rest of the dataset is served
-            console.print(f"[yellow]{split}: task {refusal.task_id} refused: {refusal.reason}[/]")
+            console.print(f"[yellow]{split}: task {refusal.task_id} refused: {escape(refusal.reason)}[/]")
     console.print(f"[bold]harnesses:[/] {', '.join(server.manager.harnesses())}")
     _print_engine(server.engine, config, console)
     console.print(

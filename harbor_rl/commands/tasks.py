@@ -190,6 +190,7 @@ async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: 
 
 
 def _table(dataset: str, rows: list[dict], agents: list[str]):
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"harbor tasks check {dataset}")
@@ -199,7 +200,7 @@ def _table(dataset: str, rows: list[dict], agents: list[str]):
         table.add_column(f"{agent} (want {1.0 if agent == 'oracle' else 0.0})", justify="right")
     table.add_column("notes", overflow="fold")
     for row in rows:
-        status = "[green]ok[/]" if row["error"] is None else f"[red]{row['error']}[/]"
+        status = "[green]ok[/]" if row["error"] is None else f"[red]{escape(row['error'])}[/]"
         cells = [row["id"], status]
         for agent in agents:
             outcome = row.get(agent)
@@ -208,7 +209,7 @@ def _table(dataset: str, rows: list[dict], agents: list[str]):
             elif outcome.passed:
                 cells.append(f"[green]{outcome.shown}[/] ({outcome.duration_s:.1f}s)")
             else:
-                cells.append(f"[red]{outcome.shown}[/] {outcome.error or ''}".strip())
-        cells.append(row["notes"])
+                cells.append(f"[red]{outcome.shown}[/] {escape(outcome.error or '')}".strip())
+        cells.append(escape(row["notes"]))
         table.add_row(*cells)
     return table

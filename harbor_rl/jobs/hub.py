@@ -126,7 +126,10 @@ def download_model(repo_id: str, local_dir: str) -> str:
 def upload_wheel(api: HfApi, wheel: Path, repo_id: str, *, private: bool = True) -> WheelRef:
     """Put the wheel under `wheels/` of the model repo (created private if missing); pinned to the
     commit that added it."""
-    hub_call(f"creating {repo_id}", lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True))
+    hub_call(
+        f"creating {repo_id}",
+        lambda: api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True),
+    )
     path_in_repo = f"wheels/{wheel.name}"
     what = f"uploading {wheel.name} to {repo_id}"
     try:

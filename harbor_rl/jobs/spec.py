@@ -101,7 +101,11 @@ def build_job_spec(
         )
     command = job_command(config)
     installs_wheel = config.image is None and config.install is None
-    env = {"PYTHONUNBUFFERED": "1", **(wheel_env(wheel or pending_ref(config)) if installs_wheel else {}), **config.env}
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        **(wheel_env(wheel or pending_ref(config)) if installs_wheel else {}),
+        **config.env,
+    }
     _refuse_leaks(values, env, command)
     volumes = (
         [VolumeSpec(type="bucket", source=config.volume, mount_path=config.volume_mount)]
@@ -198,7 +202,8 @@ def render_dry_run(config: LaunchConfig, spec: JobSpec, missing: list[str]) -> s
     ]
     lines = [
         "Hugging Face job (dry run: nothing is sent to the Hub)",
-        f"  image:     {spec.image}" + ("" if config.image else f"  (stock; at start: {_install_note(config)})"),
+        f"  image:     {spec.image}"
+        + ("" if config.image else f"  (stock; at start: {_install_note(config)})"),
         f"  flavor:    {spec.flavor} ({gpu_count(spec.flavor)} GPUs)",
         f"  timeout:   {spec.timeout}",
         f"  namespace: {spec.namespace or '(your user)'}",

@@ -131,7 +131,7 @@ def sha256_of(path: Path) -> str:
 WHEEL_DIR = "/tmp/harbor-wheel"
 INSTALL_COMMAND = (
     'hf download "$HARBOR_WHEEL_REPO" "$HARBOR_WHEEL_FILE" --revision "$HARBOR_WHEEL_REVISION" '
-    f'--local-dir {WHEEL_DIR} >/dev/null'
+    f"--local-dir {WHEEL_DIR} >/dev/null"
     f' && echo "$HARBOR_WHEEL_SHA256  {WHEEL_DIR}/$HARBOR_WHEEL_FILE" | sha256sum --check --quiet -'
     f' && python3 -m pip install --no-cache-dir "{WHEEL_DIR}/$HARBOR_WHEEL_FILE[{EXTRAS}]"'
 )

@@ -117,3 +117,22 @@ def test_resume_of_a_finished_job_runs_nothing_and_a_changed_config_is_refused(t
     result = CliRunner().invoke(app, ["eval", *args])
     assert result.exit_code == 1 and "--resume" in result.output
     assert isinstance(first[0], TrialResult)
+
+
+def test_a_refused_task_is_listed_and_the_others_run(tmp_path, runs_dir, store_url):
+    """One malformed task in a folder never blocks the rest; with --task it is not even mentioned;
+    --strict refuses the whole job in one line."""
+    tasks = tmp_path / "tasks"
+    shutil.copytree(BUILTIN_DIR / "fix-pagination", tasks / "fix-pagination")
+    shutil.copytree(BUILTIN_DIR / "lru-cache", tasks / "broken")
+    (tasks / "broken" / "task.toml").write_text('[environment]\ncpus = "lots"\n')
+    base = ["eval", "--dataset", str(tasks), "--harness", "oracle", "--store", store_url]
+    run = CliRunner().invoke(app, [*base, "--output-dir", str(tmp_path / "j1"), "--job-name", "a"])
+    assert run.exit_code == 0, run.output
+    assert "refused tasks/broken" in run.output and "[environment] cpus" in run.output
+    assert [t.task_id for t in Job.open(tmp_path / "j1" / "a").trials()] == ["fix-pagination"]
+    filtered = CliRunner().invoke(app, [*base, "--output-dir", str(tmp_path / "j2"), "--task", "fix-*"])
+    assert filtered.exit_code == 0 and "broken" not in filtered.output
+    strict = CliRunner().invoke(app, [*base, "--output-dir", str(tmp_path / "j3"), "--strict"])
+    assert strict.exit_code != 0 and "'broken' is refused" in strict.output
+    assert "Traceback" not in strict.output
