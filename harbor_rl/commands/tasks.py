@@ -40,7 +40,13 @@ def register(app: typer.Typer) -> None:
         if unknown:
             raise typer.BadParameter(f"--run takes oracle and/or nop, not {', '.join(unknown)}")
         rows, ok = _check(dataset, agents, sandbox, max_concurrent)
-        Console().print(_table(dataset, rows, agents))
+        console = Console()
+        console.print(_table(dataset, rows, agents))
+        if any("task" in row for row in rows):
+            console.print(
+                "Training runs give the agent phase only the capture port, whatever the task declares "
+                "(set-up and the verifier keep the task's network); harbor serve --agent-network task changes it."
+            )
         raise typer.Exit(0 if ok else 1)
 
     @tasks_app.command("init")
