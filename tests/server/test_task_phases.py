@@ -37,8 +37,8 @@ def write_task(root: Path, name: str, files: dict[str, str]) -> Path:
     return folder
 
 
-def run_oracle(tmp_path: Path, tasks: Path, task_id: str, **serve):
-    """One oracle rollout of `task_id` through a server on `tasks`; its RolloutResult."""
+def run_oracle(tmp_path: Path, tasks: Path, task_id: str, *, with_trace: bool = False, **serve):
+    """One oracle rollout of `task_id` through a server on `tasks`; its RolloutResult (and its trace)."""
     config = make_config(tmp_path, datasets=[str(tasks)], **serve)
     with running_server(config) as server, HarborSessionFactory(
         server.url, split=tasks.name, harness="oracle", sandbox="local", llm_url=UNUSED_ENGINE, model="tiny",
@@ -46,8 +46,9 @@ def run_oracle(tmp_path: Path, tasks: Path, task_id: str, **serve):
     ) as factory:  # fmt: skip
         session = factory.create({"task_id": task_id}, seed=0, episode_id=task_id)
         result = session.wait_for_completion()
+        trace = session.fetch_training_trace() if with_trace else None
         session.close()
-        return result
+        return (result, trace) if with_trace else result
 
 
 @pytest.fixture
@@ -104,8 +105,15 @@ def _steps_task(tasks: Path, toml: str = STEPS_TOML, name: str = "steps") -> Pat
 
 def test_steps_run_in_order_in_one_sandbox_with_their_own_tests(tmp_path, tasks):
     _steps_task(tasks)
-    result = run_oracle(tmp_path, tasks, "steps")
+    result, trace = run_oracle(tmp_path, tasks, "steps", with_trace=True)
     assert result.status == "completed", result.error
+    # One rollout, one trace: every step's reward is recorded on it.
+    recorded = trace.metadata["rollout"]["steps"]
+    assert [(s["name"], s["reward"]) for s in recorded] == [
+        ("scaffold", 1.0),
+        ("implement", 1.0),
+        ("document", 1.0),
+    ]
     assert [s.name for s in result.steps] == ["scaffold", "implement", "document"]
     assert [s.reward for s in result.steps] == [1.0, 1.0, 1.0]
     assert result.steps[2].rewards == {"reward": 1.0, "style": 0.5}
