@@ -29,7 +29,7 @@ def _write_tasks(root: Path) -> Path:
     for name, (timeout_sec, test_sh) in TASKS.items():
         files = {
             "instruction.md": "Do nothing.\n",
-            "task.toml": f'[task]\nname = "{name}"\n\n[verifier]\ntimeout_sec = {timeout_sec}\n',
+            "task.toml": f'[task]\nname = "test/{name}"\n\n[verifier]\ntimeout_sec = {timeout_sec}\n',
             "environment/Dockerfile": "FROM harbor-rl/sandbox-base:bookworm\nWORKDIR /app\n",
             "tests/test.sh": test_sh,
         }

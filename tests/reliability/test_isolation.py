@@ -146,11 +146,12 @@ workdir = "/app"
 
 
 def run_oracle(config, task_id: str):
-    """One oracle rollout of `task_id` on a fresh `harbor serve`; its finished result."""
+    """One oracle rollout of `task_id` on a fresh `harbor serve`, an evaluation (its agent gets the network
+    the task declares; training would deny it: test_task_phases.py); its finished result."""
     with (
         running_server(config) as server,
         HarborSessionFactory(
-            server.url, split="tasks", harness="oracle", llm_url=UNUSED_ENGINE, model="m"
+            server.url, split="tasks", harness="oracle", llm_url=UNUSED_ENGINE, model="m", purpose="eval"
         ) as f,
     ):
         return f.create(task_id, episode_id="probe").wait_for_completion(timeout_s=500)
