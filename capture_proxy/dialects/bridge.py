@@ -18,7 +18,7 @@ from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
 
 from capture_proxy.calls import forwarded, parse_body
-from capture_proxy.dialects.base import Dialect, DialectStream, invalid
+from capture_proxy.dialects.base import Dialect, DialectStream
 from capture_proxy.errors import ProxyRequestError
 from capture_proxy.responses import SSE_HEADERS
 from capture_proxy.streaming import DONE, SSEDecoder
@@ -52,11 +52,14 @@ async def translate_call(service: CaptureService, dialect: Dialect, headers: Hea
 def _chat_request(dialect: Dialect, raw: bytes) -> tuple[Any, dict, bytes]:
     """The agent's request, checked, and the chat request it becomes (and its JSON); ProxyRequestError
     (400) if either cannot be: a body that does not fit the dialect's shape, or one nested too deeply."""
-    request = dialect.parse(parse_body(raw))
-    try:
-        chat = dialect.to_chat(request)
-    except RecursionError:  # a tool input nested about a thousand levels deep
-        raise invalid("the request is nested too deeply to forward") from None
+    body = parse_body(raw)
+    # The chat path refuses what orjson cannot write back (254 levels; it reads 1024). A dialect turns a
+    # tool's `input` into an arguments string, which would carry any depth, but only as far as
+    # `json.dumps` recurses: that depends on sys.getrecursionlimit(), which imported packages change (jedi
+    # sets 3000). Checking the body as parsed gives every route the same limit, whatever the process.
+    forwarded(body)
+    request = dialect.parse(body)
+    chat = dialect.to_chat(request)
     return request, chat, forwarded(chat)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 from urllib.parse import urlparse
 
 import httpx
@@ -151,6 +152,22 @@ def test_a_body_nested_deeper_than_json_is_written_is_400_and_never_reaches_the_
     assert "nested too deeply" in r.text
     assert imitation.requests() == []
     assert live_proxy.store.get_session(session.session_id).num_turns == 0
+
+
+@pytest.mark.parametrize("recursion_limit", [1000, 3000])  # 3000: what importing jedi sets, for good
+def test_a_deep_tool_input_is_refused_whatever_the_recursion_limit(live_proxy, imitation, recursion_limit):
+    """The Messages route turned a 1000-deep tool input into an arguments string with `json.dumps`: a
+    400 under Python's default limit, a 200 once some import had raised it (so CI flipped with the order)."""
+    session = live_proxy.create()
+    body = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {"x": ' + DEEP + b"}}]}]}"  # fmt: skip
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(recursion_limit)
+    try:
+        r = httpx.post(f"{live_proxy.url}/v1/messages", content=body, headers={"x-api-key": session.api_key})
+    finally:
+        sys.setrecursionlimit(before)
+    assert r.status_code == 400 and "nested too deeply" in r.text, r.text
+    assert imitation.requests() == []
 
 
 # -- integers beyond 64 bits (found by the schema fuzzer: they reached the store and gave 500) ---------
