@@ -222,6 +222,8 @@ def _add_weight_routes(app: FastAPI, engine) -> None:
                 "max_model_len": state.max_model_len,
             },
             "parallel_config": {"world_size": state.receiver.world_size},
+            # vLLM's own field (`--weight-transfer-config`): a client on `auto` picks the backend from it.
+            "weight_transfer_config": {"backend": "gloo"},
         }
         return {"vllm_config": config if config_format == "json" else str(config), "vllm_env": {},
                 "system_env": {}}  # fmt: skip

@@ -5,7 +5,7 @@ against the embedded engine they travel over torch.distributed gloo. The HTTP se
 either way, and is the one TRL 1.16 drives (`trl/experimental/async_grpo/weight_transfer.py`,
 `vllm_client.py`) against vLLM >= 0.28:
 
-    once:     GET /get_world_size, GET /server_info (the engine's dtype), POST
+    once:     GET /get_world_size, GET /server_info (the engine's dtype and transfer backend), POST
               /init_weight_transfer_engine {"init_info": {..., packed: true}} while the trainer joins
     per push: POST /pause?mode=keep, POST /start_weight_update, POST /update_weights {"update_info":
               {names, dtype_names, shapes}} while the tensors are sent, POST /finish_weight_update
@@ -59,6 +59,8 @@ from engine.weight_transfer import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group,
 log = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]
+BackendChoice = Literal["auto", "gloo", "nccl"]
+"""`auto`: the backend the engine says it receives over (`/server_info`'s `weight_transfer_config`)."""
 PauseMode = Literal["abort", "wait", "keep"]
 
 CONTROL_TIMEOUT_S = 60.0
@@ -216,6 +218,10 @@ class GlooTransport:
         for chunk in pack_plan(info["dtype_names"], info["shapes"], size):
             parts = [next(items)[1].reshape(-1).view(torch.uint8) for _ in chunk]
             self.group.broadcast(torch.cat(parts), 0).wait()
+
+
+def _transport(backend: Backend, timeout_s: float) -> Transport:
+    return GlooTransport(timeout_s) if backend == "gloo" else NcclTransport()
 
 
 class NcclTransport:
@@ -431,7 +437,7 @@ class WeightSyncClient:
         self,
         base_url: str,
         *,
-        backend: Backend = "gloo",
+        backend: BackendChoice = "auto",
         api_key: str | None = None,
         master_address: str | None = None,
         master_port: int | None = None,
@@ -460,7 +466,8 @@ class WeightSyncClient:
         self.expected_dtype = expected_dtype
         self.retry_delay_s = retry_delay_s
         self.headers = [(b"Authorization", f"Bearer {api_key}".encode())] if api_key else []
-        self.transport: Transport = GlooTransport(timeout_s) if backend == "gloo" else NcclTransport()
+        self.transport: Transport | None = None if backend == "auto" else _transport(backend, timeout_s)
+        """None until `init_transfer` learns the engine's backend (`auto`)."""
         self.engine_dtype: torch.dtype | None = None
         """The dtype the engine serves in (`/server_info`), None when it did not say."""
         self._joined = False
@@ -562,25 +569,48 @@ class WeightSyncClient:
             info["packed_buffer_size_bytes"] = self.packed_buffer_size_bytes
         return info
 
-    def read_engine_dtype(self) -> torch.dtype | None:
-        """The dtype vLLM holds its weights in, from `/server_info?config_format=json` as TRL's
-        `VLLMClient.get_dtype` reads it (`vllm_config.model_config.dtype`, "torch.bfloat16")."""
+    def read_server_info(self) -> dict[str, Any] | None:
+        """vLLM's resolved config from `/server_info?config_format=json` (`vllm_config`), as TRL's
+        `VLLMClient.get_dtype` reads it; None, with a warning, when the engine does not give it."""
         try:
             info = self._request("GET", "/server_info", "GET /server_info", self.control_timeout_s,
                                  params={"config_format": "json"})  # fmt: skip
-            name = str(info["vllm_config"]["model_config"]["dtype"]).removeprefix("torch.")
+            config = info["vllm_config"]
+            if not isinstance(config, dict):
+                raise TypeError(f"vllm_config is {type(config).__name__}, not an object")
+            return config
         except (_Failure, KeyError, TypeError) as exc:
             warnings.warn(
-                f"could not read the engine's dtype from {self.base_url}/server_info ({exc}); the weights "
+                f"could not read the engine's config from {self.base_url}/server_info ({exc}); the weights "
                 "go in the trainer's dtypes",
-                stacklevel=2,
+                stacklevel=3,
             )
             return None
-        dtype = getattr(torch, name, None)
-        return dtype if isinstance(dtype, torch.dtype) else None
 
-    def _check_dtype(self) -> None:
-        self.engine_dtype = self.read_engine_dtype()
+    def _resolve_backend(self, config: dict[str, Any] | None) -> None:
+        """vLLM's `--weight-transfer-config` fills `weight_transfer_config` (`vllm/config/weight_transfer.py`:
+        nccl, its default and, in 0.28-0.33, only backend); the embedded engine reports gloo."""
+        offered = (config or {}).get("weight_transfer_config") or {}
+        engine_backend = offered.get("backend", "nccl") if isinstance(offered, dict) else "nccl"
+        if self.backend == "auto":
+            if engine_backend not in ("gloo", "nccl"):
+                raise WeightSyncError(
+                    f"the engine at {self.base_url} receives weights over {engine_backend!r}; this client "
+                    "sends over nccl or gloo"
+                )
+            self.backend = engine_backend
+            self.transport = _transport(engine_backend, self.timeout_s)
+        elif offered and engine_backend != self.backend:
+            raise WeightSyncError(
+                f"the engine at {self.base_url} receives weights over {engine_backend} (its "
+                f"weight_transfer_config) but weight_sync_backend is {self.backend}: set weight_sync_backend "
+                f"to auto or {engine_backend}"
+            )
+
+    def _check_dtype(self, config: dict[str, Any] | None) -> None:
+        name = str(((config or {}).get("model_config") or {}).get("dtype", "")).removeprefix("torch.")
+        dtype = getattr(torch, name, None) if name else None
+        self.engine_dtype = dtype if isinstance(dtype, torch.dtype) else None
         expected, served = self.expected_dtype, self.engine_dtype
         if expected is not None and served is not None and expected != served:
             message = (
@@ -602,7 +632,9 @@ class WeightSyncClient:
             raise WeightSyncError(
                 f"cannot set up weight sync with {self.base_url}: {exc.describe()}"
             ) from exc
-        self._check_dtype()
+        config = self.read_server_info()
+        self._resolve_backend(config)
+        self._check_dtype(config)
         try:
             port = self.master_port or _free_port(self.master_address)
         except OSError as exc:

@@ -212,6 +212,10 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
                 return HarborSession(client, state, on_done=placement.on_done())
         raise placement.none_took()
 
+    def max_live_rollouts(self) -> int:
+        """How many rollouts the servers hold live at once, all together (each one's MAX_CONCURRENT_ENVS)."""
+        return sum(client.info().capacity.max_concurrent_envs for client in self.clients)
+
     def prompt_rows(self) -> Iterator[dict[str, Any]]:
         """One row per task offered: `prompt` (chat messages), `task_id`, `task_index`, `split`, `name`."""
         yield from self._tasks().rows()

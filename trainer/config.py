@@ -15,37 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from capture_proxy.models import NEUTRAL_SAMPLING, is_neutral
 from trainer.errors import TrainerConfigError
+from trainer.trl_names import translate_trl_names
 
 ImportanceSamplingMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"]
 ReportTo = Literal["auto", "trackio", "jsonl", "wandb", "none"]
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 LossType = Literal["dapo", "grpo"]
-
-TRL_SAMPLING_KNOBS = ("top_p", "top_k", "min_p", "repetition_penalty")
-"""TRL sampling knobs accepted at their neutral values only (and `min_p` at TRL's None): the policy
-samples its full distribution (TRL's loop-owning path refuses anything else through OpenEnv's
-`training_sampling` too)."""
-UNSUPPORTED_TRL_FIELDS: dict[str, str] = {
-    "model_init_kwargs": "pass a loaded model (or its folder) as `model` instead",
-    "dtype": "pass a loaded model in the dtype you want; `bf16` runs the forward passes in bfloat16",
-    "trust_remote_code": "load the model yourself and pass it as `model`",
-    "router_aux_loss_coef": "MoE auxiliary losses are not implemented",
-    "fork_threshold_tokens": "rows come from the capture's rollout graph, never from re-tokenising",
-    "request_timeout": "the server's client has its own timeouts (HarborSessionFactory timeout_s)",
-    "token_budget": "use `max_tokens_per_batch`",
-    "max_inflight_tasks": "use `max_concurrent_rollouts`",
-    "queue_maxsize": "admission control (`max_staleness`) bounds the queue",
-    "heartbeat_stale_after_s": "the rollout worker runs in this process: there is no heartbeat",
-    "log_completions": "not implemented: the trace inspector (`harbor inspect`) shows every rollout",
-    "num_completions_to_print": "not implemented: the trace inspector (`harbor inspect`) shows every rollout",
-    "warmup_ratio": "use `warmup_steps`",
-    "lr_scheduler_kwargs": "not implemented: the schedules take no extra arguments here",
-}
-"""Fields of TRL 1.16's AsyncGRPOConfig (`trl/experimental/async_grpo/async_grpo_config.py`) and its
-TrainingArguments that this trainer does not have, with what to do instead: a TRL config file that sets
-one fails with that line rather than a bare "extra inputs are not permitted"."""
 
 
 class AsyncGRPOConfig(BaseModel):
@@ -80,7 +56,10 @@ class AsyncGRPOConfig(BaseModel):
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature sent to the engine; the trainer's logprobs use the same one."""
     max_completion_length: int | None = Field(default=None, ge=1)
-    """`max_tokens` per model call sent with the sampling policy (None: the harness's own)."""
+    """`max_tokens` of each model call, sent with the sampling policy (None: the harness's own). Per call, as
+    TRL's harness trainer sends it (`max_tokens=max_completion_length`, trl/experimental/async_grpo
+    async_grpo_trainer.py and openenv_harness.py); the env-factory harness's loop bounds the whole
+    conversation instead (`loop.max_completion_length`), as TRL's environment_factory loop does."""
     max_tool_calling_iterations: int | None = Field(default=None, ge=1)
     """Most model calls an agent may make in one rollout: passed to the session factory as
     `agent_step_limit` (the capture proxy's step budget). None: the factory's own."""
@@ -95,8 +74,9 @@ class AsyncGRPOConfig(BaseModel):
     path)."""
     vllm_server_timeout: float = Field(default=240.0, gt=0)
     """Seconds to wait for the engine to answer before the first weight sync (TRL's)."""
-    weight_sync_backend: Literal["nccl", "gloo"] = "nccl"
-    """`nccl` for vLLM on a GPU, `gloo` for the embedded engine."""
+    weight_sync_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """`auto`: what the engine says it receives over (`/server_info`): `nccl` for vLLM on a GPU, `gloo`
+    for the embedded engine. Naming one the engine does not use fails at the first push."""
     weight_sync_master_address: str | None = None
     """Address of this host the engine joins the weight-transfer group at (the rendezvous). None:
     127.0.0.1 for an engine on this host's loopback, else the host's routable address as vLLM's
@@ -183,6 +163,11 @@ class AsyncGRPOConfig(BaseModel):
     """Name of the run in trackio / W&B (default: the output folder's name)."""
     logging_steps: int = Field(default=1, ge=1)
     """Log metrics every this many steps."""
+    log_completions: bool = False
+    """Every `logging_steps` steps, print a table of the step's rollouts (task, reward, advantage, the final
+    reply) and append them to `completions.jsonl` in the output folder (TRL's option)."""
+    num_completions_to_print: int | None = Field(default=None, ge=1)
+    """Rollouts a step shows with `log_completions` (None: all of them; the file always gets all)."""
     save_steps: int = Field(default=0, ge=0)
     """Save a checkpoint every this many steps (0: only at the end of the run)."""
     save_total_limit: int | None = Field(default=None, ge=1)
@@ -191,22 +176,7 @@ class AsyncGRPOConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _trl_names(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        for name in TRL_SAMPLING_KNOBS:
-            value = data.pop(name, None)
-            if value is not None and not is_neutral(name, value):
-                raise ValueError(
-                    f"{name}={value!r}: this trainer samples the policy's full distribution, so {name} must be "
-                    f"{NEUTRAL_SAMPLING[name]} (only the temperature is a knob)"
-                )
-        for name in data:
-            if name in UNSUPPORTED_TRL_FIELDS:
-                raise ValueError(
-                    f"{name} (a TRL AsyncGRPOConfig field) is not supported here: {UNSUPPORTED_TRL_FIELDS[name]}"
-                )
-        return data
+        return translate_trl_names(data, cls.model_fields) if isinstance(data, dict) else data
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -41,6 +41,7 @@ import torch
 
 from trainer.advantages import group_advantages
 from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
+from trainer.completions import CompletionLog
 from trainer.config import AsyncGRPOConfig
 from trainer.device import resolve_placement
 from trainer.distributed import Processes, StepShard, idle_batch, processes_from_env, shard_by_tokens
@@ -137,6 +138,8 @@ class HarnessAsyncGRPOTrainer:
         self.worker: RolloutWorker | None = None
         self.metrics_log: MetricsLogger | None = None
         """Rank 0's (as the worker)."""
+        self.completion_log: CompletionLog | None = None
+        """Rank 0's, with `log_completions`."""
         self.history: list[dict[str, Any]] = []
         self.consumed_positions: list[int] = []
         """Prompt positions this trainer took off the queue, in order (trained or dropped as stale)."""
@@ -213,18 +216,26 @@ class HarnessAsyncGRPOTrainer:
         args = self.args
         run_name = args.run_name or Path(args.output_dir).resolve().name
         self.metrics_log = MetricsLogger(args.output_dir, args.report_to, run_name, args.model_dump())
+        if args.log_completions:
+            self.completion_log = CompletionLog(
+                args.output_dir, args.num_completions_to_print, args.negative_advantage_scale
+            )
         limits = (
             {"agent_step_limit": args.max_tool_calling_iterations} if args.max_tool_calling_iterations else {}
         )
         factory = self.factory_builder(sampling=sampling_policy(args), **limits)
+        check_capacity(factory, args.max_concurrent_rollouts)
         self.worker = RolloutWorker(
             factory, self.train_dataset, args, self.schedule, lambda: self.policy_version, self.reward_fn,
             ledger=self.ledger,
         )  # fmt: skip
         self.worker.start()
 
+    def _logs(self, step: int) -> bool:
+        return step % self.args.logging_steps == 0 or step == self.total_steps
+
     def _log(self, metrics: dict[str, Any]) -> None:
-        if self.step % self.args.logging_steps == 0 or self.step == self.total_steps:
+        if self._logs(self.step):
             self.metrics_log.log(metrics, self.step)
             self.history.append({"step": self.step, **metrics})
 
@@ -262,6 +273,8 @@ class HarnessAsyncGRPOTrainer:
         t_wait = time.monotonic()
         groups, dropped = self._take_groups()
         wait_s = time.monotonic() - t_wait
+        if self.completion_log is not None and self._logs(self.step + 1):
+            self.completion_log.log(self.step + 1, groups)
         items, stats = self._items(groups)
         stats.update({
             "rollout_wait_s": wait_s,
@@ -461,6 +474,27 @@ class HarnessAsyncGRPOTrainer:
         self.policy_version = int(state["policy_version"])
         self.schedule.load_state_dict(state["schedule"])
         log.info("resumed from %s at step %d", path, self.step)
+
+
+def check_capacity(factory: Any, rollouts: int) -> None:
+    """The servers must hold `max_concurrent_rollouts` live at once, plus one, as TRL's guide advises:
+    otherwise rollouts past their limit are refused one by one and counted as failed. Refused outright
+    when the factory does not wait for a free slot (`capacity_wait_s`), else a warning."""
+    max_live = getattr(factory, "max_live_rollouts", None)  # HarborSessionFactory's; others may lack it
+    if max_live is None:
+        return
+    capacity = max_live()
+    if capacity > rollouts:
+        return
+    message = (
+        f"the Harbor server(s) hold {capacity} live rollouts at most (MAX_CONCURRENT_ENVS, `harbor serve "
+        f"--max-concurrent`) and max_concurrent_rollouts is {rollouts}: give the servers at least "
+        f"{rollouts + 1} (or lower max_concurrent_rollouts to {max(1, capacity - 1)})"
+    )
+    if capacity < rollouts and not getattr(factory, "capacity_wait_s", 0):
+        raise TrainerConfigError(message)
+    log.warning("%s", message)
+    warnings.warn(message, stacklevel=3)
 
 
 def _to(batch, device: torch.device):

@@ -1,4 +1,10 @@
-"""`harbor engine`: serve a model with vLLM's OpenAI dialect and weight-transfer endpoints (CPU or CUDA)."""
+"""`harbor engine`: serve a model with vLLM's OpenAI dialect and weight-transfer endpoints (CPU or CUDA).
+
+It takes `vllm serve`'s command line, so one line serves either: `harbor engine MODEL --enable-auto-tool-choice
+--tool-call-parser hermes --logprobs-mode processed_logprobs --return-tokens-as-token-ids
+--weight-transfer-config '{"backend":"nccl"}'`. What the embedded engine does differently is one line
+each: a flag it ignores is noted, a value it cannot honour is refused (engine.vllm_flags).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,12 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("engine")
+    @app.command("engine", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def engine(
+        ctx: typer.Context,
+        model_arg: str | None = typer.Argument(
+            None, metavar="[MODEL]", help="As `vllm serve MODEL`: the same as --model.", show_default=False
+        ),
         model: str = typer.Option(
             "tiny", "--model", help="'tiny' (built locally, offline), a local HF model folder, or a Hub id."
         ),
@@ -23,12 +33,45 @@ def register(app: typer.Typer) -> None:
             "--max-model-len",
             help="Prompt + completion tokens per request (default: the model's limit).",
         ),
+        dtype: str = typer.Option(
+            "auto", "--dtype", help="auto (float32 here), float32/float, bfloat16, float16/half, as in vLLM."
+        ),
         return_tokens_as_token_ids: bool = typer.Option(
             False, "--return-tokens-as-token-ids", help="Logprob tokens read 'token_id:N', as in vLLM."
         ),
+        enable_auto_tool_choice: bool = typer.Option(  # noqa: ARG001 - accepted: always on here
+            False, "--enable-auto-tool-choice", help="vLLM's flag; tool calls are always parsed here."
+        ),
+        tool_call_parser: str | None = typer.Option(
+            None, "--tool-call-parser", help="vLLM's flag; the embedded engine parses hermes tool calls."
+        ),
+        logprobs_mode: str = typer.Option(
+            "processed_logprobs", "--logprobs-mode", help="vLLM's flag; processed_logprobs is what is served."
+        ),
+        weight_transfer_config: str | None = typer.Option(
+            None,
+            "--weight-transfer-config",
+            help='vLLM\'s JSON, e.g. \'{"backend":"nccl"}\'; gloo is served here.',
+        ),
+        gpu_memory_utilization: float | None = typer.Option(
+            None,
+            "--gpu-memory-utilization",
+            help="vLLM's flag; ignored (no preallocated KV-cache pool here).",
+        ),
+        tensor_parallel_size: int = typer.Option(
+            1, "--tensor-parallel-size", help="vLLM's flag; 1 only here."
+        ),
+        trust_remote_code: bool = typer.Option(
+            False,
+            "--trust-remote-code",
+            help="vLLM's flag; ignored (models load with transformers' own code).",
+        ),
         num_threads: int = typer.Option(1, "--num-threads", help="torch CPU threads for generation."),
         max_batch_size: int = typer.Option(
-            64, "--max-batch-size", help="Sequences decoded together per step."
+            64,
+            "--max-batch-size",
+            "--max-num-seqs",
+            help="Sequences decoded together per step (vLLM's --max-num-seqs).",
         ),
         device: str = typer.Option(
             "cpu", "--device", help="cpu, cuda (the current GPU) or auto (cuda when there is a GPU)."
@@ -46,32 +89,42 @@ def register(app: typer.Typer) -> None:
         from engine.config import engine_device
         from engine.errors import EngineConfigError, ModelBuildError
         from engine.server import EngineConfig, create_app
+        from engine.vllm_flags import VllmFlags
 
-        if device not in ("auto", "cpu", "cuda"):
-            raise typer.BadParameter(f"--device {device!r}: expected auto, cpu or cuda")
-        config = EngineConfig(
-            device=device,
-            revision=revision,
-            model=model,
-            served_model_name=served_model_name,
-            seed=seed,
-            max_model_len=max_model_len,
-            return_tokens_as_token_ids=return_tokens_as_token_ids,
-            num_threads=num_threads,
-            max_batch_size=max_batch_size,
-            enable_prefix_caching=enable_prefix_caching,
-        )
         try:  # fail fast with a clear message instead of a traceback from the server's start-up
+            flags = VllmFlags(
+                unknown=list(ctx.args), model_arg=model_arg, model=model, dtype=dtype,
+                tool_call_parser=tool_call_parser, logprobs_mode=logprobs_mode,
+                weight_transfer_config=weight_transfer_config, gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size, trust_remote_code=trust_remote_code,
+            )  # fmt: skip
+            for note in flags.notes():
+                typer.secho(f"harbor engine: {note}", fg=typer.colors.YELLOW, err=True)
+            if device not in ("auto", "cpu", "cuda"):
+                raise EngineConfigError(f"--device {device!r}: expected auto, cpu or cuda")
+            config = EngineConfig(
+                device=device,
+                revision=revision,
+                model=flags.served_model,
+                served_model_name=served_model_name,
+                seed=seed,
+                max_model_len=max_model_len,
+                dtype=flags.torch_dtype,
+                return_tokens_as_token_ids=return_tokens_as_token_ids,
+                num_threads=num_threads,
+                max_batch_size=max_batch_size,
+                enable_prefix_caching=enable_prefix_caching,
+            )
             engine_device(device)
-            if model == "tiny":
+            if config.model == "tiny":
                 from engine.tiny_model import build_tiny_model
 
                 build_tiny_model(seed)
             else:
                 from engine.tiny_model import resolve_model_path
 
-                resolve_model_path(model, seed, revision=revision)
+                resolve_model_path(config.model, seed, revision=revision)
         except (ModelBuildError, EngineConfigError) as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            typer.secho(f"harbor engine: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
         uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)

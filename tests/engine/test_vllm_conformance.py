@@ -290,6 +290,16 @@ def test_our_client_tags_the_version_as_a_string(fresh_engine) -> None:
     assert httpx.get(f"{fresh_engine.url}/weight_info").json() == {"weight_version": "5"}
 
 
+def test_a_client_on_auto_sends_over_the_backend_the_engine_names(fresh_engine) -> None:
+    info = httpx.get(f"{fresh_engine.url}/server_info", params={"config_format": "json"}).json()
+    assert info["vllm_config"]["weight_transfer_config"] == {"backend": "gloo"}
+    named = list(fresh_engine.scheduler.model.named_parameters())
+    with WeightSyncClient(fresh_engine.url, timeout_s=60) as sync:  # backend defaults to auto
+        assert sync.transport is None  # nothing chosen before the engine is asked
+        sync.push(named, version=1)
+        assert sync.backend == "gloo"
+
+
 def test_version_routes_and_pause_answers_match_vllm(fresh_engine) -> None:
     url = fresh_engine.url
     assert httpx.get(f"{url}/weight_info").json() == {"weight_version": "default"}

@@ -15,6 +15,7 @@ from harbor_server import HarborSessionFactory
 from harbor_server.config import ServeConfig
 from harbor_server.embedded import free_port, running_server
 from trainer.config import AsyncGRPOConfig
+from trainer.errors import TrainerConfigError
 from trainer.grpo import HarnessAsyncGRPOTrainer
 from trainer.outcome import HarnessRolloutOutcome
 
@@ -65,3 +66,29 @@ def test_trainer_through_harbor_serve_with_gloo_weight_sync(
     assert all(h["staleness"] <= 1 for h in history)
     assert "rollout/correctness_mean" in history[0] and history[0]["rewards/harness_reward/mean"] >= 0
     assert all(h["rollout/failed"] == 0 for h in history)
+
+
+@pytest.mark.parametrize("capacity_wait_s", [0.0, 30.0])
+def test_a_server_too_small_for_the_rollouts_is_caught_at_start_up(
+    server, tiny_model, tmp_path, capacity_wait_s
+) -> None:
+    """The server holds 5; 8 rollouts at once would be refused one by one (counted as failed). Refused
+    with the numbers, or (when the factory waits for a free slot) a warning."""
+    factory = functools.partial(
+        HarborSessionFactory, server.url, split="env-tasks", harness="env-factory", sandbox="local",
+        model="tiny", capacity_wait_s=capacity_wait_s,
+    )  # fmt: skip
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path / "run"), report_to="jsonl", max_steps=1, num_generations=2,
+        per_device_train_batch_size=8, max_concurrent_rollouts=8, vllm_server_base_url=None,
+    )  # fmt: skip
+    rows = [{"task_id": "echo-0"}]
+    trainer = HarnessAsyncGRPOTrainer(tiny_model[0], factory, config, train_dataset=rows)
+    expected = r"hold 5 live rollouts at most .* max_concurrent_rollouts is 8: give the servers at least 9"
+    if capacity_wait_s:
+        with pytest.warns(UserWarning, match=expected):
+            trainer._start_rollouts()
+        trainer.worker.stop()
+    else:
+        with pytest.raises(TrainerConfigError, match=expected):
+            trainer.train()

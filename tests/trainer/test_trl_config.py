@@ -4,6 +4,7 @@ TRL config's knobs that this trainer has mean the same here, and the ones it lac
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from capture_proxy.upstream import rewrite_request
 from tests.trainer.direct import DirectSessionFactory
 from trainer import AsyncGRPOConfig, HarnessAsyncGRPOTrainer, TrainerConfigError
 from trainer.rollout_worker import sampling_policy
+from trainer.trl_names import TRL_FIELDS
 
 TRL_STYLE = {
     "output_dir": "runs/x", "learning_rate": 1e-5, "lr_scheduler_type": "cosine", "num_train_epochs": 2,
@@ -46,6 +48,66 @@ def test_a_trl_configs_knobs_mean_the_same_here() -> None:
 def test_what_this_trainer_lacks_fails_naming_the_field(field, value, message) -> None:
     with pytest.raises(TrainerConfigError, match=message):
         AsyncGRPOConfig.validated({field: value})
+
+
+def test_trl_fields_are_every_field_of_the_installed_trl() -> None:
+    import dataclasses
+
+    from trl import GRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig as TrlAsyncGRPOConfig
+
+    installed = {f.name for cls in (GRPOConfig, TrlAsyncGRPOConfig) for f in dataclasses.fields(cls)}
+    assert not installed - TRL_FIELDS  # each gets its own line, never pydantic's "extra inputs"
+
+
+def test_a_trl_grpo_config_with_its_vllm_server_names_runs_here() -> None:
+    config = AsyncGRPOConfig.validated({
+        "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "10.0.0.5", "vllm_server_port": 8001,
+        "vllm_importance_sampling_mode": "sequence_mask", "vllm_importance_sampling_clip_max": 2.0,
+        "vllm_importance_sampling_clip_min": 0.5, "beta": 0.0, "num_iterations": 1, "scale_rewards": "group",
+        "log_completions": True, "num_completions_to_print": 4,
+    })  # fmt: skip
+    assert config.vllm_server_base_url == "http://10.0.0.5:8001"
+    assert (config.importance_sampling_mode, config.importance_sampling_min, config.importance_sampling_max) == (
+        "sequence_mask", 0.5, 2.0,
+    )  # fmt: skip
+    assert config.log_completions and config.num_completions_to_print == 4
+    assert (
+        AsyncGRPOConfig(vllm_server_base_url="http://a:1", vllm_server_port=9).vllm_server_base_url
+        == "http://a:1"
+    )
+    assert AsyncGRPOConfig(vllm_importance_sampling_correction=False).importance_sampling_mode == "none"
+    assert AsyncGRPOConfig(vllm_importance_sampling_cap=5.0).importance_sampling_max == 5.0  # TRL's old name
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "vllm_mode",
+            "colocate",
+            "vllm_mode other than 'server' is not supported here: only the server mode",
+        ),
+        ("use_vllm", False, "use_vllm other than True .* always sampled by an engine server"),
+        ("beta", 0.04, "beta other than 0.0 .* no reference model"),
+        ("num_iterations", 2, "num_iterations other than 1"),
+        ("vllm_gpu_memory_utilization", 0.3, "set it on the engine: `vllm serve --gpu-memory-utilization`"),
+        ("vespo_k_pos", 1.0, r"vespo_k_pos \(a TRL GRPOConfig field\) is not supported here: remove it"),
+    ],
+)
+def test_a_trl_field_or_value_without_a_counterpart_is_one_line(field, value, message) -> None:
+    with pytest.raises(TrainerConfigError, match=message) as caught:
+        AsyncGRPOConfig.validated({field: value})
+    assert "\n" not in str(caught.value)
+
+
+def test_trl_and_own_names_that_disagree_are_refused() -> None:
+    with pytest.raises(
+        TrainerConfigError, match="vllm_importance_sampling_mode and importance_sampling_mode"
+    ):
+        AsyncGRPOConfig.validated(
+            {"vllm_importance_sampling_mode": "token_mask", "importance_sampling_mode": "none"}
+        )
 
 
 def test_train_session_calls_carry_the_chat_template_kwargs() -> None:
@@ -98,9 +160,15 @@ def test_tool_metrics_carry_trls_names(fresh_engine, tiny_model, tmp_path) -> No
     config = AsyncGRPOConfig(
         output_dir=str(tmp_path), report_to="jsonl", num_generations=2, per_device_train_batch_size=2,
         max_concurrent_rollouts=2, max_completion_length=4, max_steps=1, vllm_server_base_url=None,
+        log_completions=True,
     )  # fmt: skip
     tasks = [{"task_id": "t0", "prompt_ids": [20, 31, 42], "targets": [100, 101]}]
-    (step,) = HarnessAsyncGRPOTrainer(model, factory, config, train_dataset=tasks, processing_class=tokenizer).train()
+    (step,) = HarnessAsyncGRPOTrainer(
+        model, factory, config, train_dataset=tasks, processing_class=tokenizer
+    ).train()
+    logged = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["task"], r["member"]) for r in logged] == [(1, "t0", 0), (1, "t0", 1)]
+    assert all(r["status"] == "completed" and r["reward"] is not None for r in logged)
     assert step["tools/bash/call_total"] == 6 and step["tools/edit/call_total"] == 2
     assert step["tools/bash/failure_total"] == 2 and "tools/edit/failure_total" not in step
     assert step["tools/call_frequency"] == 4 and step["tools/failure_frequency"] == pytest.approx(2 / 8)

@@ -293,7 +293,11 @@ class VllmServer:
 
         @app.get("/server_info")
         async def server_info(config_format: str = Query("text")) -> JSONResponse:
-            config = {"model_config": {"dtype": str(self.engine.dtype)}, "parallel_config": {"world_size": 1}}
+            config = {
+                "model_config": {"dtype": str(self.engine.dtype)},
+                "parallel_config": {"world_size": 1},
+                "weight_transfer_config": {"backend": "nccl"},
+            }  # as `--weight-transfer-config` sets it
             body = config if config_format == "json" else str(config)
             return JSONResponse({"vllm_config": body, "vllm_env": {}, "system_env": {}})
 

@@ -28,8 +28,8 @@ BUFFER = 4096
 """Packed chunks of 4 KiB: the model travels as several chunks, cut as vLLM cuts them."""
 
 
-def client(vllm, **kwargs) -> WeightSyncClient:
-    return WeightSyncClient(vllm.url, backend="nccl", timeout_s=10, control_timeout_s=5, retry_delay_s=0.05,
+def client(vllm, backend: str = "nccl", **kwargs) -> WeightSyncClient:
+    return WeightSyncClient(vllm.url, backend=backend, timeout_s=10, control_timeout_s=5, retry_delay_s=0.05,
                             packed_buffer_size_bytes=BUFFER, **kwargs)  # fmt: skip
 
 
@@ -64,6 +64,24 @@ def test_a_push_arrives_bit_exact_and_tagged(vllm, engine) -> None:
     assert_serves(engine, model)
     assert (engine.weight_version, engine.paused, engine.update_active) == ("2", False, False)
     assert httpx.get(f"{vllm.url}/weight_info").json() == {"weight_version": "2"}
+
+
+def test_a_client_on_auto_picks_nccl_from_vllms_config(vllm, engine) -> None:
+    model = trainer_model()
+    with WeightSyncClient(
+        vllm.url, timeout_s=10, control_timeout_s=5, packed_buffer_size_bytes=BUFFER
+    ) as sync:
+        sync.push(model.named_parameters(), version=1)
+    assert sync.backend == "nccl"
+    assert_serves(engine, model)
+
+
+def test_a_backend_vllm_does_not_receive_over_is_refused_before_anything_is_paused(vllm, engine) -> None:
+    with pytest.raises(
+        WeightSyncError, match=r"receives weights over nccl .* set weight_sync_backend to auto or nccl"
+    ):
+        client(vllm, backend="gloo").push(trainer_model().named_parameters(), version=1)
+    assert (engine.paused, engine.update_active) == (False, False)
 
 
 def test_weights_go_in_the_engines_dtype_and_a_mismatch_warns(vllm) -> None:
