@@ -194,7 +194,15 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
         messages or a string) naming its task by instruction."""
         self._resolve_split()
         target = self._tasks().find(task) if is_prompt(task) else task
-        request = self.config.request(target, seed, episode_id)
+        return self.start(self.config.request(target, seed, episode_id))
+
+    def request(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> RolloutRequest:
+        """The request `create` would send for `task`, to change before `start` (e.g. its metadata)."""
+        self._resolve_split()
+        return self.config.request(task, seed, episode_id)
+
+    def start(self, request: RolloutRequest) -> HarborSession:
+        """Start the rollout `request` on the least busy server, waiting `capacity_wait_s` for a slot."""
         backoff = self._backoff(time.monotonic)
         while True:
             try:

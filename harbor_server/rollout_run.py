@@ -367,6 +367,7 @@ class RolloutRunner:
                 "episode_id": request.episode_id,
                 "rollout_id": live.rollout_id,
                 "task_metadata": task.config.metadata,  # env-factory reads [metadata.env_factory]
+                "rollout_metadata": dict(request.metadata),  # env-factory reads a dataset row from it
                 "host_base_url": self._host_base_url(),  # for harnesses whose loop runs on this host
             },
         )

@@ -88,10 +88,14 @@ def reply_text(completion: Sequence[dict[str, Any]]) -> str:
 
 
 def _task_name(prompt: dict[str, Any]) -> str:
+    """The row's task id, else its prompt's last message (TRL's rows are prompts)."""
     for key in ("task_id", "task", "name"):
         if prompt.get(key) is not None:
             return str(prompt[key])
-    return ", ".join(f"{k}={v}" for k, v in prompt.items() if isinstance(v, str | int | float))[:80]
+    text = prompt.get("prompt")
+    if isinstance(text, list) and text and isinstance(text[-1], dict):
+        text = text[-1].get("content")
+    return str(text or "")[:80]
 
 
 def _number(value: float | None) -> str:

@@ -312,6 +312,7 @@ class HarnessAsyncGRPOTrainer:
         rewards, stds, zero_spread, staleness, lengths = [], [], 0, [], []
         env_rewards, calls_per_rollout, failures, calls_total = [], [], 0, 0
         calls_by_name: Counter[str] = Counter()
+        named_rewards: dict[str, list[float]] = {}
         failures_by_name: Counter[str] = Counter()
         failed = sum(s.failed for g in groups for s in g.samples)
         for group in groups:
@@ -333,6 +334,8 @@ class HarnessAsyncGRPOTrainer:
                     failures_by_name.update(sample.outcome.tool_failures_by_name)
                     if sample.outcome.env_reward is not None:
                         env_rewards.append(sample.outcome.env_reward)
+                    for name, value in sample.outcome.rewards.items():
+                        named_rewards.setdefault(name, []).append(value)
                 if sample.policy_version is not None:
                     staleness.append(self.policy_version - sample.policy_version)
                 if advantage is None or adv.zero_spread:
@@ -358,6 +361,11 @@ class HarnessAsyncGRPOTrainer:
             **{f"tools/{name}/call_total": count for name, count in sorted(calls_by_name.items())},
             **{f"tools/{name}/failure_total": count for name, count in sorted(failures_by_name.items())},
         }
+        # Each number the verifiers reported (TRL logs each reward function so), the total excepted.
+        for name, values in sorted(named_rewards.items()):
+            if name != "reward" and f"rewards/{name}/mean" not in stats:
+                stats[f"rewards/{name}/mean"] = _mean(values)
+                stats[f"rewards/{name}/std"] = statistics.pstdev(values)
         if self.reward_fn is not None:
             stats["rollout/correctness_mean"] = _mean(env_rewards)
         return items, {k: v for k, v in stats.items() if v is not None}

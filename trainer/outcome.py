@@ -33,6 +33,9 @@ class HarnessRolloutOutcome:
     status: str = "completed"
     """The rollout's terminal status: completed, failed, timed_out or cancelled."""
     error: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Every number the verifier reported (its reward.json), e.g. each reward function's score of an
+    env-factory rollout; logged as `rewards/<name>/mean` beside the rollout's reward."""
 
     @classmethod
     def from_verify(cls, env_reward: float | None, metrics: Mapping[str, Any], trace: TrainingTrace):
@@ -50,6 +53,7 @@ class HarnessRolloutOutcome:
             timed_out=bool(metrics.get("timed_out", False)),
             status=str(metrics.get("status") or "completed"),
             error=metrics.get("error"),
+            rewards={str(k): float(v) for k, v in dict(metrics.get("rewards") or {}).items()},
         )
 
     @property

@@ -66,6 +66,9 @@ if TYPE_CHECKING:
 DEFAULT_ENVIRONMENT = "tasks.environments.coding:CodingEnv"
 METADATA_KEY = "env_factory"
 """`[metadata.env_factory]` in task.toml."""
+ROW_KEY = "env_factory_row"
+"""A rollout request's `metadata[ROW_KEY]`: the dataset row of this rollout (TRL's columns). Its keys go
+to `reset(**row)` and the reward functions, and its `prompt` (chat messages or a string) is the prompt."""
 ENV_REWARD_PATH = f"{LOG_DIR}/env_reward.json"
 TRANSCRIPT_PATH = f"{LOG_DIR}/env_factory.json"
 
@@ -235,8 +238,10 @@ class EnvFactoryHarness:
             factory, funcs, weights, spec = await asyncio.to_thread(self._resolve, run)
         except HarnessConfigError as exc:
             return AgentOutcome(error=str(exc))
+        columns = dict((run.extra.get("rollout_metadata") or {}).get(ROW_KEY) or {})
         row = {
             **spec.row,
+            **columns,
             "instruction": run.instruction,
             "workdir": run.workdir,
             "sandbox": sandbox,
@@ -248,7 +253,7 @@ class EnvFactoryHarness:
         env = factory.create()
         try:
             async with asyncio.timeout(run.timeout_s):
-                result = await self._episode(factory, env, run, row, spec.loop)
+                result = await self._episode(factory, env, run, row, spec.loop, columns.get("prompt"))
         except TimeoutError:
             return AgentOutcome(
                 timed_out=True, log_tail=f"the episode did not end within {run.timeout_s:.0f} s"
@@ -275,8 +280,15 @@ class EnvFactoryHarness:
         )
 
     async def _episode(
-        self, factory: EnvironmentFactory, env: Any, run: AgentRun, row: dict[str, Any], loop: LoopConfig
+        self,
+        factory: EnvironmentFactory,
+        env: Any,
+        run: AgentRun,
+        row: dict[str, Any],
+        loop: LoopConfig,
+        prompt: Any = None,
     ) -> EpisodeResult:
+        """`prompt`: the dataset row's (chat messages or a string); None: the task's instruction."""
         from openai import AsyncOpenAI
 
         # The loop runs on the host: a URL the host reaches (the sandbox-side one works for local,
@@ -284,7 +296,8 @@ class EnvFactoryHarness:
         base_url = run.extra.get("host_base_url") or run.base_url
         client = AsyncOpenAI(base_url=base_url, api_key=run.api_key, max_retries=0, timeout=run.timeout_s)
         try:
-            prompt = [{"role": "user", "content": run.instruction}]
+            if prompt is None:
+                prompt = [{"role": "user", "content": run.instruction}]
             return await run_episode(
                 factory, env, client, model=run.model, prompt=prompt, row=row, config=loop
             )
