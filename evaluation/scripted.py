@@ -78,14 +78,14 @@ def wordle_move(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     for arguments, output in _calls(messages, "guess"):
         lines = output.splitlines()
         if len(lines) >= 2 and not output.startswith("Error"):
-            seen.append((str(arguments.get("word", "")).lower(), lines[1].replace(" ", "")))
+            seen.append((str(arguments.get("guess", "")).lower(), lines[1].replace(" ", "")))
     if any(marks and set(marks) == {"G"} for _, marks in seen):
         return None
     guessed = {g for g, _ in seen}
     for word in WORDS:
         consistent = all(len(g) == len(word) and feedback(g, word) == marks for g, marks in seen)
         if consistent and word not in guessed:
-            return {"word": word}
+            return {"guess": word}
     return None
 
 

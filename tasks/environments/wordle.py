@@ -82,6 +82,11 @@ class WordleEnv:
     def _reset_state(self, secret: str) -> None:
         self.secret = secret
         self.guesses: list[str] = []
+        self.num_guesses = 0
+        """Valid guesses so far; with `won`, `best_greens` and `invalid_moves`, the state TRL's guide's
+        reward functions read (its WordleEnv's names)."""
+        self.best_greens = 0
+        """The most letters in the right place of any guess."""
         self.invalid_moves = 0
         self.won = False
         self.done = False
@@ -101,12 +106,12 @@ class WordleEnv:
             "X = not in the word."
         )
 
-    def guess(self, word: str) -> str:
+    def guess(self, guess: str) -> str:
         """
         Make a guess in the word game.
 
         Args:
-            word: The guessed word, as many letters as the secret word (e.g. crane)
+            guess: The guessed word, as many letters as the secret word (e.g. crane or [crane])
 
         Returns:
             The feedback for each letter of the guess.
@@ -114,12 +119,14 @@ class WordleEnv:
         if self.done:
             self.invalid_moves += 1
             raise ValueError("Game over.")
-        candidate = str(word).strip().strip("[]").lower()
+        candidate = str(guess).strip().strip("[]").lower()
         if len(candidate) != len(self.secret) or not candidate.isalpha():
             self.invalid_moves += 1
-            raise ValueError(f"invalid guess {word!r}: guess a {len(self.secret)}-letter word")
+            raise ValueError(f"invalid guess {guess!r}: guess a {len(self.secret)}-letter word")
         marks = feedback(candidate, self.secret)
         self.guesses.append(candidate)
+        self.num_guesses = len(self.guesses)
+        self.best_greens = max(self.best_greens, marks.count("G"))
         self.won = candidate == self.secret
         self.done = self.won or len(self.guesses) >= MAX_GUESSES
         score = self.rubric(candidate, {"feedback": marks, "done": self.done, "won": self.won})

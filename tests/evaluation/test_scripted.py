@@ -23,7 +23,7 @@ def _play_wordle(secret: str) -> WordleEnv:
         call_id = f"c{n}"
         messages.append({"role": "assistant", "content": "", "tool_calls": [
             {"id": call_id, "type": "function", "function": {"name": "guess", "arguments": json.dumps(move)}}]})  # fmt: skip
-        messages.append({"role": "tool", "tool_call_id": call_id, "content": env.guess(move["word"])})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": env.guess(move["guess"])})
     return env
 
 

@@ -36,19 +36,21 @@ async def test_wordle_win_partial_credit_and_invalid_moves():
     assert "5-letter word" in await factory.reset(win, {"secret": "crane"})
     await factory.reset(lose, {"secret": "crane"})
 
-    assert await factory.call_tool(win, "guess", {"word": "slate"}) == "S L A T E\nX X G X G\n5 guesses left."
+    assert (
+        await factory.call_tool(win, "guess", {"guess": "slate"}) == "S L A T E\nX X G X G\n5 guesses left."
+    )
     with pytest.raises(ValueError, match="invalid guess 'cranes'"):
-        await factory.call_tool(win, "guess", {"word": "cranes"})
-    assert (await factory.call_tool(win, "guess", {"word": "[CRANE]"})).endswith(
+        await factory.call_tool(win, "guess", {"guess": "cranes"})
+    assert (await factory.call_tool(win, "guess", {"guess": "[CRANE]"})).endswith(
         "You found the word in 2 guesses."
     )
     with pytest.raises(ValueError, match="Game over."):
-        await factory.call_tool(win, "guess", {"word": "crane"})
+        await factory.call_tool(win, "guess", {"guess": "crane"})
     assert win.won and win.done and win.invalid_moves == 2
     assert win.reward_win == pytest.approx(1.0 + 0.5 * (1 - 2 / 6))
 
     for word in ["slate", "trace", "house", "plumb", "bumpy", "dizzy"]:
-        await factory.call_tool(lose, "guess", {"word": word})
+        await factory.call_tool(lose, "guess", {"guess": word})
     assert lose.done and not lose.won
     assert feedback("trace", "crane") == "XGGYG"  # the best guess: 3 greens, 1 yellow
     assert lose.reward_partial == pytest.approx((3 + 0.5 * 1) / 5)
@@ -138,3 +140,36 @@ async def test_coding_environment_needs_a_sandbox():
     factory = EnvironmentFactory(CodingEnv)
     with pytest.raises(ValueError, match="needs the task's running sandbox"):
         await factory.reset(factory.create(), {"workdir": "/app"})
+
+
+async def test_the_trl_guides_wordle_reward_functions_run_on_it_unchanged():
+    """TRL's OpenEnv guide (the Wordle section) scores its WordleEnv with these three functions, verbatim;
+    ours has the attributes they read and the tool argument its prompt asks for (`guess`)."""
+
+    def reward_win(environments, **kwargs) -> list[float]:
+        return [1.0 + 0.5 * (1 - env.num_guesses / 6) if env.won else 0.0 for env in environments]
+
+    def reward_partial(environments, **kwargs) -> list[float]:
+        return [0.0 if env.won else 0.1 * env.best_greens for env in environments]
+
+    def reward_invalid(environments, **kwargs) -> list[float]:
+        return [-0.1 * env.invalid_moves for env in environments]
+
+    factory = EnvironmentFactory(WordleEnv)
+    win, lose = factory.create(), factory.create()
+    for env in (win, lose):
+        await factory.reset(env, {"secret": "crane"})
+    for word in ("slate", "[crane]"):
+        await factory.call_tool(win, "guess", {"guess": word})
+    await factory.call_tool(lose, "guess", {"guess": "plant"})
+    with pytest.raises(ValueError, match="invalid guess"):
+        await factory.call_tool(lose, "guess", {"guess": "xx"})
+    assert list(factory.tools["guess"].schema["function"]["parameters"]["properties"]) == ["guess"]
+    table = compute_rewards([reward_win, reward_partial, reward_invalid], [win, lose])
+    assert table.row(0) == {"reward_win": pytest.approx(1 + 0.5 * (1 - 2 / 6)), "reward_partial": 0.0,
+                            "reward_invalid": 0.0}  # fmt: skip
+    assert table.row(1) == {
+        "reward_win": 0.0,
+        "reward_partial": pytest.approx(0.2),
+        "reward_invalid": pytest.approx(-0.1),
+    }

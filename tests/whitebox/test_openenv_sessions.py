@@ -88,14 +88,14 @@ def test_a_session_speaks_openenv_types_with_our_prompt_tools_and_rubrics():
         # Back in OpenAI form, the tools are exactly the schemas our loop sends.
         assert openai_tools(tools) == EnvironmentFactory(WordleEnv).tool_schemas
 
-        first = session.call_tool("guess", {"word": "slate"})
+        first = session.call_tool("guess", {"guess": "slate"})
         assert isinstance(first, ToolResult) and first.error is None and not first.done
         assert first.data.startswith("S L A T E\n") and first.metadata == {}
-        bad = session.call_tool("guess", {"word": "xx"})  # the method raises ValueError
+        bad = session.call_tool("guess", {"guess": "xx"})  # the method raises ValueError
         assert bad.error == bad.data and bad.error.startswith("Error: ValueError: invalid guess 'xx'")
         unknown = session.call_tool("reset", {})  # reserved names are never tools
         assert unknown.error.startswith("Error: ToolCallError: unknown tool 'reset'")
-        won = session.call_tool("guess", {"word": "crane"})
+        won = session.call_tool("guess", {"guess": "crane"})
         assert won.error is None and won.done and "You found the word in 2 guesses." in won.data
 
         verify = session.verify(session.initial_messages())
@@ -109,7 +109,7 @@ def test_a_session_speaks_openenv_types_with_our_prompt_tools_and_rubrics():
         session.close()
     session.close()  # idempotent
     with pytest.raises(RuntimeError, match="is closed"):
-        session.call_tool("guess", {"word": "crane"})
+        session.call_tool("guess", {"guess": "crane"})
 
 
 def test_openenv_mcp_adapter_runs_the_echo_environment():
@@ -136,7 +136,7 @@ def test_build_harness_rollout_func_trains_on_the_word_game_rubrics():
     rollout_func = build_harness_rollout_func(
         session_factory=factory,
         harness_adapter=MCPHarnessAdapter(),
-        model_step_builder=lambda trainer, session: ScriptedModel(*[[("guess", {"word": "crane"})]] * 6),
+        model_step_builder=lambda trainer, session: ScriptedModel(*[[("guess", {"guess": "crane"})]] * 6),
         limits=HarnessRunLimits(max_turns=8),
     )
     rows = [{"prompt": "Play.", "secret": "crane"}, {"prompt": "Play.", "secret": "slate"}]
