@@ -219,12 +219,15 @@ class RolloutManager:
         return len(self._live) + self._reserved
 
     def dataset(self, split: str) -> Dataset:
-        try:
+        """The dataset served as `split`, or whose source it names: OpenEnv's clients name a Hub dataset by
+        its id (`split="ORG/NAME"` for `--dataset ORG/NAME`), which is served as its own split here."""
+        if split in self.datasets:
             return self.datasets[split]
-        except KeyError:
-            raise BadRolloutRequest(
-                f"unknown split {split!r}; this server has: {', '.join(sorted(self.datasets))}"
-            ) from None
+        named = [d for d in self.datasets.values() if d.source in (split, f"hf:{split}")]
+        if len(named) == 1:
+            return named[0]
+        served = ", ".join(f"{name} ({d.source})" for name, d in sorted(self.datasets.items()))
+        raise BadRolloutRequest(f"unknown split {split!r}; this server has: {served}")
 
     def backend(self, name: str) -> SandboxBackend:
         """The backend called `name`, created on first use."""

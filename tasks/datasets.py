@@ -14,7 +14,9 @@
 - `hf:REPO[@split]`: a Hugging Face dataset (split defaults to `train`), in one of two layouts,
   detected: a Hub repo of task folders under `tasks/` (`tasks.hub`, as OpenEnv's Harbor server
   serves them), or rows of the schema below read with `datasets`. REPO is a Hub id, a folder written
-  by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local `.json` / `.jsonl` file of rows.
+  by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local `.json` / `.jsonl` file of rows;
+- `ORG/NAME` (no such folder): `hf:ORG/NAME`, as OpenEnv's `--dataset` names a Hub dataset; a server
+  also takes the id as the split's name (`split="ORG/NAME"`, OpenEnv's clients).
 
 Task ids are stable: the task folder's name, or a row's `task_id`; they are unique within a dataset
 and tasks are ordered by id, so an index means the same task on every load.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -47,6 +50,9 @@ from tasks.errors import DatasetError, TaskError, TaskFormatError, TaskNotFound
 from tasks.hub import HubSnapshotUnavailable, hub_task_root
 from tasks.loader import TASK_ID_RE, Task, load_task
 from tasks.registry import REGISTRY_SPEC_RE, registry_task_dirs
+
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+"""`ORG/NAME` as OpenEnv's `--dataset` takes a Hub dataset; an existing folder of that path wins."""
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENV_TASKS_DIR = Path(__file__).parent / "env-tasks"
@@ -121,6 +127,8 @@ def split_name(spec: str) -> str:
     path = Path(spec).expanduser()
     if not path.is_dir() and REGISTRY_SPEC_RE.fullmatch(spec):
         return spec
+    if not path.is_dir() and HUB_ID_RE.fullmatch(spec):
+        return "train"
     return path.absolute().name
 
 
@@ -150,6 +158,8 @@ def _load_spec(spec: str, *, split: str | None, cache_dir: Path | None) -> Datas
         return load_folder(path, split=split or path.absolute().name, source=str(path))
     if match := REGISTRY_SPEC_RE.fullmatch(spec):
         return load_registry_dataset(match["name"], match["version"], split=split, cache_dir=cache_dir)
+    if HUB_ID_RE.fullmatch(spec):  # OpenEnv's `--dataset ORG/NAME`: a Hub dataset (no such folder here)
+        return load_hf(spec, split=split or "train", cache_dir=cache_dir)
     names = ", ".join(repr(n) for n in NAMED_DATASETS)
     raise DatasetError(
         f"dataset {spec!r} is neither a named dataset ({names}), a registry dataset NAME@VERSION, "

@@ -248,6 +248,31 @@ def test_hub_repo_of_task_folders_from_an_offline_cache(tmp_path, cache, offline
         assert not any(p.is_symlink() for p in task.paths.root.rglob("*"))
         assert task.paths.root.is_relative_to(cache / "hf-repos" / "org__harbor-tasks" / commit)
     assert load_dataset_spec("hf:org/harbor-tasks@test").split == "test"
+    # OpenEnv's form, `--dataset ORG/NAME`, is the same Hub dataset (no folder of that path here).
+    plain = load_dataset_spec("org/harbor-tasks")
+    assert (plain.source, plain.split, plain.ids) == (dataset.source, dataset.split, dataset.ids)
+
+
+def test_a_server_takes_a_hub_datasets_id_as_its_split(tmp_path, cache, offline_hub, monkeypatch):
+    """OpenEnv's clients name the split by the Hub id they served (`split="ORG/NAME"`)."""
+    from harbor_server import HarborClient, ServeConfig, free_port, running_server
+    from harbor_server.errors import BadRolloutRequest
+
+    shutil.copytree(BUILTIN_DIR / "fix-pagination", tmp_path / "src" / "tasks" / "fix-pagination")
+    prefill_hub_cache(offline_hub, "org/harbor-tasks", tmp_path / "src")
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    config = ServeConfig(
+        datasets=["org/harbor-tasks", "builtin"], port=free_port(), capture_port=free_port(), sandbox="local",
+        store_url=f"sqlite:///{tmp_path}/t.db", check_engine=False,
+    )  # fmt: skip
+    with running_server(config) as server:
+        client = HarborClient(server.url)
+        assert [t.task_id for t in client.iter_tasks("org/harbor-tasks")] == ["fix-pagination"]
+        assert [t.task_id for t in client.iter_tasks("train")] == ["fix-pagination"]
+        with pytest.raises(
+            BadRolloutRequest, match=r"unknown split 'org/other'; .* train \(hf:org/harbor-tasks\)"
+        ):
+            client.tasks("org/other")
 
 
 def test_hub_repo_with_grouped_task_folders(tmp_path, cache, offline_hub):
