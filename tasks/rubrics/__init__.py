@@ -18,6 +18,7 @@ from tasks.rubrics.errors import JudgeError, RubricCallError, RubricConfigError,
 from tasks.rubrics.llm_judge import LLMJudge
 from tasks.rubrics.trajectory import ExponentialDiscountingTrajectoryRubric, TrajectoryRubric, is_done
 from tasks.rubrics.transforms import (
+    CodeSafetyTransform,
     Compose,
     CompositeTransform,
     FunctionTransform,
@@ -27,6 +28,7 @@ from tasks.rubrics.transforms import (
 )
 
 __all__ = [
+    "CodeSafetyTransform",
     "Compose",
     "CompositeTransform",
     "ExponentialDiscountingTrajectoryRubric",
