@@ -5,7 +5,7 @@
     datasets.load_dataset("json", data_files="sft/results.jsonl")
 
 Episode `i` of a run is `<prefix>-<i:06d>` and always runs task `i % len(tasks)` (tasks in dataset
-order after --task-glob), so an id names the same task across runs. Resume reads what is written,
+order after --task), so an id names the same task across runs. Resume reads what is written,
 skips those ids and the ones `should_keep` dropped before (listed in metadata.json), and refuses a
 file whose ids map to other tasks than this run's plan. A corrupt line (a run killed mid-write, a
 hand edit) is skipped with a warning and left out when the file is rewritten.
@@ -204,7 +204,7 @@ class SFTDataset:
         """Load what is there (resume) or refuse to overwrite it; check ids map to the planned tasks."""
         if not resume and self.results.exists() and self.results.stat().st_size > 0:
             raise DatasetMisaligned(
-                f"{self.results} already has episodes; pass --resume to continue it or choose another --output"
+                f"{self.results} already has episodes; pass --resume to continue it or choose another --output-dir"
             )
         self.root.mkdir(parents=True, exist_ok=True)
         episodes = self.read_valid_lines() if resume else []
@@ -214,7 +214,7 @@ class SFTDataset:
             if planned is not None and here != planned:
                 raise DatasetMisaligned(
                     f"{self.results}: {ep.episode_id} holds task {here[1]!r} but this run plans {planned[1]!r} "
-                    "for it (the datasets, --task-glob or --prefix changed); use a new --output"
+                    "for it (the datasets, --task or --prefix changed); use a new --output-dir"
                 )
         self.ids = {ep.episode_id for ep in episodes}
         if resume and self.metadata_path.exists():
