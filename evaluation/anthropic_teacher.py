@@ -248,7 +248,7 @@ async def anthropic_teacher(api_key: str, base_url: str | None = None) -> AsyncI
         import anthropic
     except ImportError:
         raise ProviderError(
-            "--provider anthropic needs the anthropic package: pip install anthropic"
+            "--provider anthropic needs the anthropic package: pip install 'harbor-rl[anthropic]' (or anthropic)"
         ) from None
     token = secrets.token_urlsafe(24)
     client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url)

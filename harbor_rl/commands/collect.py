@@ -14,7 +14,7 @@ import typer
 def collect_command(
     env: str | None = typer.Argument(
         None,
-        metavar="[ENV]",
+        metavar="ENV",
         show_default=False,
         help="Dataset to collect from, as --dataset takes it (a registry name, a task folder); with "
         "--base-url, one the server serves. OpenEnv's ENV.",
@@ -112,6 +112,8 @@ def collect_command(
     private: bool = typer.Option(False, "--private", help="Create the Hub repo as private."),
 ) -> None:
     """The same rollouts as harbor eval, written as results.jsonl + metadata.json for SFT.
+
+    OpenEnv's form works as written: harbor collect ENV [--base-url URL] -o DIR -n N --provider P.
 
     Exits 1 when every episode of the run errored (no reward at all), and names the errors."""
     import asyncio
