@@ -5,38 +5,50 @@
     datasets.load_dataset("json", data_files="sft/results.jsonl")
 
 Episode `i` of a run is `<prefix>-<i:06d>` and always runs task `i % len(tasks)` (tasks in dataset
-order after --task-glob), so an id names the same task across runs. Resume reads what is written,
+order after --task), so an id names the same task across runs. Resume reads what is written,
 skips those ids and the ones `should_keep` dropped before (listed in metadata.json), and refuses a
 file whose ids map to other tasks than this run's plan. A corrupt line (a run killed mid-write, a
 hand edit) is skipped with a warning and left out when the file is rewritten.
 
-Rollouts run on the same in-process Harbor server as `harbor eval` (see `evaluation.rollouts`), so
-the teacher's calls are captured sessions in the trace store too.
+Rollouts run on the same in-process Harbor server as `harbor eval` (see `evaluation.rollouts`), or
+on a running `harbor serve` given as `base_url` (OpenEnv's `--base-url`), so the teacher's calls are
+captured sessions in the trace store too.
+
+The command is OpenEnv's `openenv collect` (openenv 0.10.0, `openenv/cli/commands/collect.py`;
+`openenv/core/harness/collect.py` holds its `EpisodeRecord`, `RolloutSerializer` and `CollectRunner`):
+the same files and record fields, ids `<prefix>-<i:06d>`, resume by id, a keep filter, and the
+teachers `scripted`, `openai` and `anthropic` (`openenv/core/llm_client.py`'s `create_llm_client`).
+Where they differ: OpenEnv's scripted teacher plays the first legal move of its games, ours plays the
+built-in environments (`evaluation.scripted`); our `openai` is any OpenAI-compatible `--llm-url`
+(OpenEnv's `--llm-endpoint`); a run without --resume refuses a non-empty results.jsonl instead of
+truncating it; and the keep filter is `reward >= min_reward` (0 by default: OpenEnv's `reward >= 0`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fnmatch
 import hashlib
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capture_proxy.episodes import Episode, read_episodes
 from capture_proxy.models import SamplingParams
-from evaluation.errors import DatasetMisaligned, ProviderError
+from evaluation.errors import ConflictingOptions, DatasetMisaligned, NoTasksSelected, ProviderError
 from evaluation.jobs import error_line, job_store_url, write_json_atomic
 from evaluation.models import chosen_reward, classify_error, is_scored
-from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, token_counts
+from evaluation.rollouts import LocalHarbor, RemoteHarbor, RolloutOutcome, check_choices, token_counts
 from evaluation.runner import load_datasets, print_errors, print_refused, select_tasks
 from harbor_server import RolloutRequest
 from tasks import Dataset, Task
@@ -44,7 +56,7 @@ from tasks import Dataset, Task
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
 FORMAT = "harbor-collect/1"
-Provider = Literal["scripted", "openai"]
+Provider = Literal["scripted", "openai", "anthropic"]
 MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
@@ -54,12 +66,17 @@ class CollectConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     datasets: list[str]
+    """Dataset specs (in process) or the server's splits naming them (`base_url`; empty: all it serves)."""
     harness: str = "env-factory"
-    sandbox: str = "local"
+    sandbox: str | None = None
+    """local, docker or e2b; None: local in process, the server's --sandbox with `base_url`."""
     provider: Provider = "openai"
-    """scripted: the model-free script of `evaluation.scripted`; openai: any OpenAI-compatible teacher."""
+    """scripted: the model-free script of `evaluation.scripted`; openai: any OpenAI-compatible teacher
+    at `llm_url`; anthropic: Anthropic's Messages API (`llm_url`: its base URL, None: the SDK's)."""
     llm_url: str | None = None
     model: str | None = None
+    base_url: str | None = None
+    """A running `harbor serve` to collect from; None: one started in this process."""
     num_episodes: int | None = Field(default=None, ge=1)
     """Episodes in the dataset; None: one per selected task."""
     prefix: str = Field(default="episode", pattern=r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)*$")
@@ -77,10 +94,34 @@ class CollectConfig(BaseModel):
     sampling: SamplingParams | None = None
     """Sampling applied over the teacher agent's own (only the fields set); None: the agent's own."""
 
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _known_provider(cls, provider: Any) -> Any:
+        if isinstance(provider, str) and provider not in get_args(Provider):
+            raise ValueError(
+                f"unknown --provider {provider!r}; choose one of: {', '.join(get_args(Provider))}"
+            )
+        return provider
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"--base-url {url!r} is not an http:// or https:// URL of a harbor server")
+        return url.rstrip("/") if url is not None else None
+
     @model_validator(mode="after")
     def _teacher_is_reachable(self) -> CollectConfig:
-        if self.provider == "openai" and (self.llm_url is None or self.model is None):
+        if (
+            self.provider == "openai"
+            and self.base_url is None
+            and (self.llm_url is None or self.model is None)
+        ):
             raise ValueError("--provider openai needs --llm-url and --model (or use --provider scripted)")
+        if self.provider == "openai" and self.llm_url is not None and self.model is None:
+            raise ValueError("--provider openai needs --model for --llm-url")
+        if self.provider == "anthropic" and self.model is None:
+            raise ValueError("--provider anthropic needs --model (a Claude model id)")
         return self
 
 
@@ -146,7 +187,7 @@ def build_episode(
     instruction: str,
     outcome: RolloutOutcome,
     config: CollectConfig,
-    model: str,
+    model: str | None,
 ) -> Episode:
     result = outcome.result
     messages = transcript(outcome, instruction)
@@ -176,7 +217,7 @@ def build_episode(
         extra={
             "harness": config.harness,
             "provider": config.provider,
-            "model": model,
+            "model": model or result.model or "",
             "status": result.status,
             "error": result.error or "",
             "seed": result.seed if result.seed is not None else -1,
@@ -204,7 +245,7 @@ class SFTDataset:
         """Load what is there (resume) or refuse to overwrite it; check ids map to the planned tasks."""
         if not resume and self.results.exists() and self.results.stat().st_size > 0:
             raise DatasetMisaligned(
-                f"{self.results} already has episodes; pass --resume to continue it or choose another --output"
+                f"{self.results} already has episodes; pass --resume to continue it or choose another --output-dir"
             )
         self.root.mkdir(parents=True, exist_ok=True)
         episodes = self.read_valid_lines() if resume else []
@@ -214,7 +255,7 @@ class SFTDataset:
             if planned is not None and here != planned:
                 raise DatasetMisaligned(
                     f"{self.results}: {ep.episode_id} holds task {here[1]!r} but this run plans {planned[1]!r} "
-                    "for it (the datasets, --task-glob or --prefix changed); use a new --output"
+                    "for it (the datasets, --task or --prefix changed); use a new --output-dir"
                 )
         self.ids = {ep.episode_id for ep in episodes}
         if resume and self.metadata_path.exists():
@@ -279,23 +320,95 @@ class CollectSummary(BaseModel):
     """`kind: first line of the error` -> episodes of this run, most first."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+    """Where the harness's model calls go: an OpenAI base URL, its model, the key the proxy sends it.
+    None (only with a `base_url` server): the server's own --llm-url / --model / key."""
+
+    llm_url: str | None
+    model: str | None
+    api_key: str | None = None
+
+    def request_fields(self) -> dict[str, Any]:
+        """The RolloutRequest fields that point a running server's rollout at this teacher."""
+        return {"llm_url": self.llm_url, "model": self.model, "api_key": self.api_key}
+
+
+Harbor = LocalHarbor | RemoteHarbor
+OpenHarbor = Callable[[Teacher], contextlib.AbstractAsyncContextManager[tuple[Harbor, dict[str, Any]]]]
+"""Given the teacher: the server to run on and the engine fields each request carries to it."""
+
+
 @contextlib.asynccontextmanager
-async def teacher(config: CollectConfig, tasks: list[Task] | None = None) -> AsyncIterator[tuple[str, str]]:
-    """(OpenAI base URL, model) of the teacher; the scripted one is served for the run's duration.
+async def teacher(
+    config: CollectConfig, tasks: list[Task] | None = None, llm_api_key: str | None = None
+) -> AsyncIterator[Teacher]:
+    """The run's teacher; the scripted and anthropic ones are served on 127.0.0.1 for its duration.
 
     `tasks`: what a coding harness may meet; the scripted teacher plays their solutions (a harness other
-    than env-factory offers it `bash`, not the white-box tools)."""
+    than env-factory offers it `bash`, not the white-box tools). `llm_api_key`: the openai teacher's
+    key, or the anthropic one's (else ANTHROPIC_API_KEY)."""
     if config.provider == "scripted":
         from evaluation.scripted import SCRIPTED_MODEL, scripted_teacher
         from evaluation.scripted_coding import CodingScripts
 
         coding = CodingScripts(tasks) if tasks and config.harness != "env-factory" else None
         async with scripted_teacher(coding) as url:
-            yield url, SCRIPTED_MODEL
+            yield Teacher(url, SCRIPTED_MODEL)
         return
-    if config.llm_url is None or config.model is None:  # CollectConfig refuses this; a guard for copies
+    if config.provider == "anthropic":
+        from evaluation.anthropic_teacher import anthropic_api_key, anthropic_teacher
+
+        async with anthropic_teacher(anthropic_api_key(llm_api_key), config.llm_url) as (url, token):
+            yield Teacher(url, config.model, token)
+        return
+    if config.base_url is None and (config.llm_url is None or config.model is None):  # CollectConfig refuses
         raise ProviderError("--provider openai needs --llm-url and --model (or use --provider scripted)")
-    yield config.llm_url, config.model
+    yield Teacher(config.llm_url, config.model, llm_api_key)
+
+
+def _check_teacher_key(config: CollectConfig, llm_api_key: str | None) -> None:
+    """Refuse a run whose teacher has no key before the output folder exists."""
+    if config.provider == "anthropic":
+        from evaluation.anthropic_teacher import anthropic_api_key
+
+        anthropic_api_key(llm_api_key)
+
+
+@dataclasses.dataclass
+class _Catalog:
+    """The run's tasks: (split, task id) in plan order, each one's instruction, and (in process) the
+    loaded datasets."""
+
+    tasks: list[tuple[str, str]]
+    instructions: dict[tuple[str, str], str]
+    datasets: Mapping[str, Dataset] | None = None
+
+    def planned(self, plan: Mapping[str, tuple[str, str]]) -> list[Task] | None:
+        if self.datasets is None:
+            return None  # a remote server's tasks: no solutions here for the scripted coding teacher
+        return [self.datasets[split].get(task_id) for split, task_id in dict.fromkeys(plan.values())]
+
+
+def _local_catalog(datasets: Mapping[str, Dataset], globs: list[str], console: Console) -> _Catalog:
+    print_refused(console, datasets, globs)
+    tasks = select_tasks(datasets, globs)
+    return _Catalog(tasks, {(s, t): datasets[s].get(t).instruction for s, t in tasks}, datasets)
+
+
+async def _remote_catalog(harbor: RemoteHarbor, config: CollectConfig) -> _Catalog:
+    infos = [task for split in harbor.splits(config.datasets) for task in await harbor.tasks(split)]
+    picked = [
+        t
+        for t in infos
+        if not config.task_globs or any(fnmatch.fnmatchcase(t.task_id, g) for g in config.task_globs)
+    ]
+    if not picked:
+        available = ", ".join(t.task_id for t in infos)
+        raise NoTasksSelected(f"no task matches --task {' '.join(config.task_globs)!r}; tasks: {available}")
+    return _Catalog(
+        [(t.split, t.task_id) for t in picked], {(t.split, t.task_id): t.instruction for t in picked}
+    )
 
 
 async def run_collect(
@@ -309,15 +422,57 @@ async def run_collect(
     datasets: Mapping[str, Dataset] | None = None,
     strict: bool = False,
 ) -> CollectSummary:
+    """Collect `config` into `out_dir`, on an in-process server or the running one at `config.base_url`."""
     console = console or Console(stderr=True)
-    check_choices(config.harness, config.sandbox)  # before the output folder exists
+    check_choices(config.harness, config.sandbox or "local")  # before the output folder exists
+    _check_teacher_key(config, llm_api_key)
+    if config.base_url is not None:
+        if store_url is not None:
+            raise ConflictingOptions("--store is the server's own with --base-url (inspect it where it runs)")
+        async with RemoteHarbor(config.base_url) as remote:
+
+            @contextlib.asynccontextmanager
+            async def on_server(chosen: Teacher) -> AsyncIterator[tuple[Harbor, dict[str, Any]]]:
+                yield remote, chosen.request_fields()
+
+            catalog = await _remote_catalog(remote, config)
+            return await _collect(config, catalog, on_server, out_dir, resume, llm_api_key, console)
     datasets = (
         dict(datasets)
         if datasets is not None
         else await asyncio.to_thread(load_datasets, config.datasets, strict=strict)
     )
-    print_refused(console, datasets, config.task_globs)
-    tasks = select_tasks(datasets, config.task_globs)
+    catalog = _local_catalog(datasets, config.task_globs, console)
+
+    @contextlib.asynccontextmanager
+    async def in_process(chosen: Teacher) -> AsyncIterator[tuple[Harbor, dict[str, Any]]]:
+        assert chosen.llm_url is not None and chosen.model is not None  # only a server has its own
+        async with LocalHarbor(
+            datasets,
+            sandbox=config.sandbox or "local",
+            llm_url=chosen.llm_url,
+            model=chosen.model,
+            llm_api_key=chosen.api_key,
+            store_url=store_url or job_store_url(out_dir),
+            max_concurrent=config.n_concurrent,
+            server_id=collect_server_id(out_dir),
+        ) as harbor:
+            yield harbor, {}  # the server was started with the teacher as its engine
+
+    return await _collect(config, catalog, in_process, out_dir, resume, llm_api_key, console)
+
+
+async def _collect(
+    config: CollectConfig,
+    catalog: _Catalog,
+    open_harbor: OpenHarbor,
+    out_dir: Path,
+    resume: bool,
+    llm_api_key: str | None,
+    console: Console,
+) -> CollectSummary:
+    """Plan, open the output, run what is missing on the server `open_harbor` gives for the teacher."""
+    tasks = catalog.tasks
     total = config.num_episodes or len(tasks)
     plan = {episode_id(config.prefix, i): tasks[i % len(tasks)] for i in range(total)}
     dataset = SFTDataset(out_dir)
@@ -335,29 +490,20 @@ async def run_collect(
         "datasets": config.datasets,
         "tasks": [f"{split}/{task_id}" for split, task_id in tasks],
         "harness": config.harness,
-        "sandbox": config.sandbox,
+        "sandbox": config.sandbox or ("local" if config.base_url is None else None),
         "provider": config.provider,
+        "base_url": config.base_url,
         "keep_losses": config.keep_losses,
         "sampling": config.sampling.model_dump(exclude_unset=True) if config.sampling is not None else None,
         "min_reward": config.min_reward,
         "reward_key": config.reward_key,
     }
     if todo:
-        planned = [datasets[split].get(task_id) for split, task_id in dict.fromkeys(plan.values())]
-        async with teacher(config, planned) as (llm_url, model):
-            base["model"] = model
-            async with LocalHarbor(
-                datasets,
-                sandbox=config.sandbox,
-                llm_url=llm_url,
-                model=model,
-                llm_api_key=llm_api_key,
-                store_url=store_url or job_store_url(out_dir),
-                max_concurrent=config.n_concurrent,
-                server_id=collect_server_id(out_dir),
-            ) as harbor:
+        async with teacher(config, catalog.planned(plan), llm_api_key) as chosen:
+            base["model"] = chosen.model
+            async with open_harbor(chosen) as (harbor, engine):
                 await _run_episodes(
-                    harbor, dataset, config, datasets, plan, todo, model, base, counts, errors, console
+                    harbor, engine, dataset, config, catalog, plan, todo, base, counts, errors, console
                 )
         dataset.sort()  # concurrent episodes were appended as they ended
     dataset.write_metadata(base, counts)
@@ -382,18 +528,19 @@ def collect_server_id(out_dir: Path) -> str:
 
 
 async def _run_episodes(
-    harbor: LocalHarbor,
+    harbor: Harbor,
+    engine: dict[str, Any],
     dataset: SFTDataset,
     config: CollectConfig,
-    datasets: Mapping[str, Dataset],
+    catalog: _Catalog,
     plan: Mapping[str, tuple[str, str]],
     todo: list[str],
-    model: str,
     base: dict[str, Any],
     counts: dict[str, int],
     errors: Counter[str],
     console: Console,
 ) -> None:
+    """`engine`: the teacher's fields of each request (none when the server was started with it)."""
     semaphore = asyncio.Semaphore(config.n_concurrent)
     progress = Progress(
         TextColumn("[bold]collect"),
@@ -410,6 +557,7 @@ async def _run_episodes(
             sampling = {"sampling": config.sampling} if config.sampling is not None else {}
             request = RolloutRequest(
                 **sampling,
+                **engine,
                 split=split,
                 task_id=task_id,
                 harness=config.harness,
@@ -422,8 +570,8 @@ async def _run_episodes(
                 metadata={"collect": str(dataset.root)},
             )
             outcome = await harbor.run(request)
-        instruction = datasets[split].get(task_id).instruction
-        episode = build_episode(eid, split, task_id, instruction, outcome, config, model)
+        instruction = catalog.instructions[(split, task_id)]
+        episode = build_episode(eid, split, task_id, instruction, outcome, config, base.get("model"))
         result = outcome.result
         scored = is_scored(result)
         counts["ran"] += 1

@@ -16,7 +16,7 @@ class JobNotFound(EvaluationError):
 
 
 class NoTasksSelected(EvaluationError):
-    """The datasets and --task-glob patterns left nothing to run."""
+    """The datasets and --task patterns left nothing to run."""
 
 
 class DatasetMisaligned(EvaluationError):
@@ -25,6 +25,10 @@ class DatasetMisaligned(EvaluationError):
 
 class ProviderError(EvaluationError):
     """A teacher provider that cannot be used as configured (e.g. no --llm-url for `openai`)."""
+
+
+class ConflictingOptions(EvaluationError):
+    """Options that cannot go together (e.g. --store with --base-url: the server keeps its own store)."""
 
 
 class UnknownChoice(EvaluationError):

@@ -4,6 +4,9 @@
 free 127.0.0.1 ports, so agents in sandboxes reach the capture proxy exactly as under `harbor serve`)
 and submits rollouts straight to its `RolloutManager`. Every rollout is a capture session in the
 trace store, so the inspector shows eval and collect runs like training rollouts.
+
+`RemoteHarbor` is the same `run()` against a `harbor serve` already running elsewhere (`harbor collect
+--base-url`), through `AsyncHarborClient`, the client `AsyncHarborSessionFactory` sends with.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from harbor_server import (
     RolloutRequest,
     RolloutResult,
     ServeConfig,
+    TraceNotTrainable,
     free_port,
 )
+from harbor_server.client import AsyncHarborClient
+from harbor_server.models import ServerInfo, TaskInfo
 from harnesses import MODEL_FREE_HARNESSES, harness_names
 from sandboxes import BACKENDS
 from tasks import Dataset
@@ -168,3 +174,71 @@ class LocalHarbor:
         assert store is not None
         turns = await asyncio.to_thread(store.get_turns, state.rollout_id)
         return RolloutOutcome(result=state.result, turns=turns)
+
+
+class RemoteHarbor:
+    """A running `harbor serve` (or several behind one URL); `async with RemoteHarbor(url) as harbor:
+    await harbor.run(req)`. Its trace store is the server's; a rollout that failed or was cancelled has
+    no trainable trace there, so its outcome carries no turns."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 60.0) -> None:
+        self.client = AsyncHarborClient(base_url, timeout_s=timeout_s)
+        self.info: ServerInfo | None = None
+
+    async def __aenter__(self) -> RemoteHarbor:
+        try:
+            self.info = await self.client.info()
+        except BaseException:
+            await self.client.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.client.aclose()
+
+    @property
+    def url(self) -> str:
+        return self.client.server_url
+
+    def splits(self, specs: list[str]) -> list[str]:
+        """The server's splits that `specs` name (a split or the dataset it was loaded from); every split
+        it serves when `specs` is empty."""
+        assert self.info is not None
+        served = {d.split: d for d in self.info.datasets}
+        if not specs:
+            return list(served)
+        chosen = []
+        for spec in specs:
+            split = next((d.split for d in served.values() if spec in (d.split, d.source)), None)
+            if split is None:
+                offered = ", ".join(f"{d.split} ({d.source})" for d in served.values()) or "none"
+                raise UnknownChoice(
+                    f"the harbor server at {self.url} serves no dataset {spec!r}; it serves: {offered}"
+                )
+            chosen.append(split)
+        return list(dict.fromkeys(chosen))
+
+    async def tasks(self, split: str) -> list[TaskInfo]:
+        return [task async for task in self.client.iter_tasks(split)]
+
+    async def run(self, request: RolloutRequest) -> RolloutOutcome:
+        """Submit `request`, wait until it ends, return its result and (when trainable) captured turns."""
+        while True:
+            try:
+                state = await self.client.start_rollout(request)
+                break
+            except CapacityExceeded:  # the server is full; it takes this one when another ends
+                await asyncio.sleep(0.5)
+        try:
+            while not state.done:
+                state = await self.client.wait(state.rollout_id, WAIT_SLICE_S)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.client.cancel(state.rollout_id))
+            raise
+        result = state.result or await self.client.result(state.rollout_id)
+        try:
+            turns = (await self.client.trace(state.rollout_id)).turns
+        except TraceNotTrainable:
+            turns = []
+        return RolloutOutcome(result=result, turns=turns)

@@ -84,7 +84,7 @@ def select_tasks(datasets: Mapping[str, Dataset], globs: list[str]) -> list[tupl
     ]
     if not selected:
         available = ", ".join(t.id for d in datasets.values() for t in d)
-        raise NoTasksSelected(f"no task matches --task-glob {' '.join(globs)!r}; tasks: {available}")
+        raise NoTasksSelected(f"no task matches --task {' '.join(globs)!r}; tasks: {available}")
     return selected
 
 

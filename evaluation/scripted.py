@@ -28,7 +28,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from evaluation.scripted_coding import BASH, CodingScripts
 from harbor_server import free_port
@@ -121,7 +121,12 @@ def _tool_call_or_done(tool: str, arguments: dict[str, Any] | None) -> dict[str,
     }
 
 
-def _sse(chunks: list[dict[str, Any]]):
+def chat_response(reply: dict[str, Any], body: dict[str, Any]) -> Response:
+    """A chat.completion `reply` as the request `body` asked for it: JSON, or an SSE stream of chunks."""
+    return _sse(_stream_chunks(reply, body)) if body.get("stream") else JSONResponse(reply)
+
+
+def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
     async def events():
         for chunk in chunks:
             yield f"data: {json.dumps(chunk)}\n\n"
@@ -159,8 +164,7 @@ def create_scripted_app(coding: CodingScripts | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
-        reply = _completion(body, coding)
-        return _sse(_stream_chunks(reply, body)) if body.get("stream") else JSONResponse(reply)
+        return chat_response(_completion(body, coding), body)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -204,18 +208,24 @@ def _completion(body: dict[str, Any], coding: CodingScripts | None) -> dict[str,
 @contextlib.asynccontextmanager
 async def scripted_teacher(coding: CodingScripts | None = None) -> AsyncIterator[str]:
     """Serve the scripted teacher on this loop; yields its OpenAI base URL (…/v1)."""
+    async with serve_teacher(create_scripted_app(coding), "scripted-teacher") as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def serve_teacher(app: FastAPI, name: str) -> AsyncIterator[str]:
+    """Serve `app` (an OpenAI-compatible teacher) on a free 127.0.0.1 port on this loop; yields its
+    OpenAI base URL (…/v1)."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_scripted_app(coding), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-        )
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
-    task = asyncio.create_task(server.serve(), name="scripted-teacher")
+    task = asyncio.create_task(server.serve(), name=name)
     try:
         while not server.started:
             if task.done():
                 task.result()
-                raise RuntimeError(f"the scripted teacher could not serve on 127.0.0.1:{port}")
+                raise RuntimeError(f"the {name} could not serve on 127.0.0.1:{port}")
             await asyncio.sleep(0.02)
         yield f"http://127.0.0.1:{port}/v1"
     finally:

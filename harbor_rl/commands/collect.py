@@ -1,4 +1,8 @@
-"""`harbor collect`: run rollouts with a teacher and write them as an SFT dataset (optionally to the Hub)."""
+"""`harbor collect`: run rollouts with a teacher and write them as an SFT dataset (optionally to the Hub).
+
+OpenEnv's command line (`openenv collect ENV --base-url URL -o DIR -n N --provider scripted|openai|
+anthropic`, openenv 0.10.0 `openenv/cli/commands/collect.py`) works as it is written there: ENV is a
+dataset (what `--dataset` takes), `--base-url` a running `harbor serve`; see `evaluation.collect`."""
 
 from __future__ import annotations
 
@@ -8,28 +12,49 @@ import typer
 
 
 def collect_command(
+    env: str | None = typer.Argument(
+        None,
+        metavar="ENV",
+        show_default=False,
+        help="Dataset to collect from, as --dataset takes it (a registry name, a task folder); with "
+        "--base-url, one the server serves. OpenEnv's ENV.",
+    ),
+    base_url: str | None = typer.Option(
+        None,
+        "--base-url",
+        help="A running harbor serve to collect from (its trace store keeps the sessions); default: "
+        "one started in this process. Its agents must reach the teacher: the scripted and anthropic "
+        "teachers are served on this machine's 127.0.0.1, and --provider openai without --llm-url uses "
+        "the server's own engine.",
+    ),
     output_dir: Path = typer.Option(
         Path("sft"), "--output-dir", "-o", help="Folder for results.jsonl and metadata.json."
     ),
     dataset: list[str] = typer.Option(
         [],
         "--dataset",
-        help="Task dataset (repeatable). Default: the built-in white-box tasks with --provider scripted, else builtin.",
+        help="Task dataset (repeatable, added to ENV). Default: the built-in white-box tasks with --provider "
+        "scripted, else builtin; with --base-url, every dataset the server serves.",
     ),
     harness: str = typer.Option("env-factory", "--harness", help="Harness that runs the teacher."),
-    sandbox: str = typer.Option("local", "--sandbox", help="local, docker or e2b."),
+    sandbox: str | None = typer.Option(
+        None, "--sandbox", help="local, docker or e2b (default: local; with --base-url, the server's)."
+    ),
     provider: str = typer.Option(
         "openai",
         "--provider",
-        help="scripted (no model: a script per built-in environment) or openai (--llm-url).",
+        help="scripted (no model: a script per built-in environment), openai (any OpenAI-compatible "
+        "--llm-url) or anthropic (Anthropic's Messages API; --llm-url overrides its base URL).",
     ),
-    llm_url: str | None = typer.Option(None, "--llm-url", help="Teacher's OpenAI-compatible base URL."),
+    llm_url: str | None = typer.Option(
+        None, "--llm-url", help="Teacher's base URL: OpenAI-compatible (…/v1), or Anthropic's for anthropic."
+    ),
     model: str | None = typer.Option(None, "--model", help="Teacher model name."),
     llm_api_key: str | None = typer.Option(
         None,
         "--llm-api-key",
         envvar="HARBOR_LLM_API_KEY",
-        help="Key sent to the teacher (never to an agent).",
+        help="Key sent to the teacher, never to an agent (anthropic: default ANTHROPIC_API_KEY, API_KEY).",
     ),
     num_episodes: int | None = typer.Option(
         None,
@@ -78,7 +103,8 @@ def collect_command(
     store: str | None = typer.Option(
         None,
         "--store",
-        help="Trace store URL (default: <output dir>/traces.db; open it with harbor inspect --store).",
+        help="Trace store URL (default: <output dir>/traces.db; open it with harbor inspect --store). Not with "
+        "--base-url: the server keeps its own.",
     ),
     push_to_hub: str | None = typer.Option(
         None, "--push-to-hub", help="Upload to this Hub dataset repo (HF_TOKEN)."
@@ -86,6 +112,8 @@ def collect_command(
     private: bool = typer.Option(False, "--private", help="Create the Hub repo as private."),
 ) -> None:
     """The same rollouts as harbor eval, written as results.jsonl + metadata.json for SFT.
+
+    OpenEnv's form works as written: harbor collect ENV [--base-url URL] -o DIR -n N --provider P.
 
     Exits 1 when every episode of the run errored (no reward at all), and names the errors."""
     import asyncio
@@ -97,7 +125,8 @@ def collect_command(
     from harbor_rl.commands.eval import sampling_of
 
     console = Console(stderr=True)
-    if not dataset:
+    dataset = [env, *dataset] if env is not None else list(dataset)
+    if not dataset and base_url is None:
         dataset = ["env-tasks"] if provider == "scripted" else ["builtin"]
     # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
     config = CollectConfig(
@@ -107,6 +136,7 @@ def collect_command(
         provider=provider,
         llm_url=llm_url,
         model=model,
+        base_url=base_url,
         num_episodes=num_episodes,
         prefix=prefix,
         n_concurrent=max_concurrent,
