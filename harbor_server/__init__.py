@@ -40,6 +40,7 @@ from harbor_server.errors import (
     RolloutNotFound,
     ServerUnreachable,
     TraceNotTrainable,
+    TunnelError,
 )
 from harbor_server.models import RolloutRequest, RolloutResult, RolloutState, ServerInfo
 
@@ -80,6 +81,7 @@ __all__ = [
     "ServerInfo",
     "ServerUnreachable",
     "TraceNotTrainable",
+    "TunnelError",
     "VerifyResult",
     "free_port",
     "load_datasets",

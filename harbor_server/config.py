@@ -13,7 +13,8 @@ from capture_proxy.config import normalize_engine_url
 from tasks.network import AgentNetwork
 
 SandboxName = Literal["local", "docker", "e2b"]
-ExposeMode = Literal["direct", "gradio", "none"]
+ExposeMode = Literal["none", "direct", "cloudflare", "gradio"]
+"""As `harbor_server.tunnels.EXPOSE_MODES`: how remote sandboxes reach the capture port."""
 
 MAX_CONCURRENT_ENVS_VAR = "MAX_CONCURRENT_ENVS"
 DEFAULT_MAX_CONCURRENT_ENVS = 32
@@ -60,11 +61,18 @@ class ServeConfig(BaseModel):
     sandbox: SandboxName = "local"
     """Default sandbox backend for rollouts that name none."""
     expose: ExposeMode = "none"
-    """direct: remote sandboxes (E2B) reach the capture port at `public_url`; gradio: also mount the trace
-    inspector at /inspect on the trainer-facing port. (Gradio share tunnels need Gradio's share server,
-    so remote sandboxes still need `public_url`.)"""
+    """How remote sandboxes (E2B) reach the capture port, as OpenEnv's `--expose`: direct: at the
+    `public_url` given; cloudflare: a Cloudflare quick tunnel (the `cloudflared` binary); gradio: Gradio's
+    share tunnel (frpc, through Gradio's share server). A tunnel's URL becomes `public_url` at start-up
+    and the tunnel stops with the server. none: no public URL (local and Docker sandboxes need none).
+    (`gradio` used to mount the trace inspector: that is `inspector` now.)"""
     public_url: str | None = None
-    """Base URL at which remote sandboxes reach the capture port (with `--expose direct`)."""
+    """Base URL at which remote sandboxes reach the capture port: given with `--expose direct`, the
+    tunnel's with `--expose cloudflare|gradio`."""
+    tunnel_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds `cloudflared` gets to print its quick tunnel's URL (Gradio's tunnel has its own 30 s)."""
+    inspector: bool = False
+    """Mount the read-only Gradio trace inspector at /inspect on the trainer-facing port."""
     store_url: str | None = None
     """SQLAlchemy URL of the trace store; None: sqlite:///<runs dir>/traces.db."""
     server_id: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^\S+$")
@@ -131,6 +139,10 @@ class ServeConfig(BaseModel):
         if self.expose == "direct" and self.public_url is None:
             raise ValueError(
                 "--expose direct needs --public-url (the URL remote sandboxes reach the capture port at)"
+            )
+        if self.expose in ("cloudflare", "gradio") and self.public_url is not None:
+            raise ValueError(
+                f"--public-url goes with --expose direct; --expose {self.expose} opens a tunnel and uses its URL"
             )
         return self
 

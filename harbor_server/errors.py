@@ -69,6 +69,12 @@ class EngineCheckFailed(HarborServerError):
     status = 503
 
 
+class TunnelError(HarborServerError):
+    """`--expose cloudflare|gradio` could not open its tunnel to the capture port (found at start-up)."""
+
+    status = 503
+
+
 class ServerUnreachable(HarborServerError):
     """The client could not reach the rollout server at all."""
 

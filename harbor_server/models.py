@@ -229,6 +229,11 @@ class ServerInfo(BaseModel):
     engine: EngineStatus
     default_model: str | None = None
     capture_port: int
+    expose: str = "none"
+    """How remote sandboxes reach the capture port (`--expose`: none, direct, cloudflare or gradio)."""
+    public_url: str | None = None
+    """Where they reach it, as an OpenAI base URL (ending /v1): the one given with `--expose direct`, or
+    the tunnel's."""
     server_id: str | None = None
     """The owner this server records on its rollouts in the store (`--server-id`)."""
 

@@ -308,7 +308,8 @@ class RolloutRunner:
             return normalize_engine_url(public)
         if backend_name == "e2b":
             raise BadRolloutRequest(
-                "e2b sandboxes need --expose direct --public-url URL (the capture port's URL)"
+                "e2b sandboxes need a public URL of the capture port: --expose cloudflare or gradio (a tunnel), "
+                "or --expose direct --public-url URL"
             )
         return f"http://{sandbox.proxy_host}:{self.config.capture_port}/v1"
 

@@ -318,7 +318,8 @@ class RolloutManager:
         backend = self.backend(backend_name)
         if backend_name == "e2b" and self.config.public_url is None:
             raise BadRolloutRequest(
-                "e2b sandboxes need --expose direct --public-url URL (the capture port's URL)"
+                "e2b sandboxes need a public URL of the capture port: --expose cloudflare or gradio (a tunnel), "
+                "or --expose direct --public-url URL"
             )
         llm_url, model = self._resolve_engine(request)
         if self.live_count >= self.config.max_concurrent_envs:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import uvicorn
 
-from capture_proxy.config import ProxyConfig
+from capture_proxy.config import ProxyConfig, normalize_engine_url
 from capture_proxy.gc_tuning import serving_gc
 from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore, default_store_url
@@ -29,6 +29,7 @@ from harbor_server.engine_check import probe_engine
 from harbor_server.errors import EngineCheckFailed, HarborServerError
 from harbor_server.models import DatasetInfo, EngineStatus, SandboxInfo, ServerInfo, TaskInfo
 from harbor_server.rollouts import HarnessFactory, RolloutManager
+from harbor_server.tunnels import TUNNELS, Tunnel, check_available, open_tunnel
 from harnesses import get_harness, harness_names
 from sandboxes import BACKENDS
 from tasks import Dataset, Task, load_dataset_spec
@@ -100,6 +101,8 @@ class HarborServer:
         self.swept: dict[str, int] = {}
         """Leftover sandboxes removed at start-up, per backend."""
         self._http: list[uvicorn.Server] = []
+        self.tunnel: Tunnel | None = None
+        """`--expose cloudflare|gradio`: the open tunnel to the capture port."""
 
     @property
     def manager(self) -> RolloutManager:
@@ -114,11 +117,21 @@ class HarborServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.expose in TUNNELS:
+            check_available(self.config.expose)  # before datasets load: a missing binary is one line
         if self._datasets is None:
             self._datasets = await asyncio.to_thread(
                 load_datasets, self.config.datasets, strict=self.config.strict
             )
         self.store = await asyncio.to_thread(TraceStore, self.store_url)
+        try:
+            await self._open_tunnel()  # before the sandbox backends: E2B's is built with the public URL
+            await self._start_serving_parts()
+        except BaseException:
+            await self._close_tunnel()  # never leave a tunnel process behind a server that did not start
+            raise
+
+    async def _start_serving_parts(self) -> None:
         proxy_config = ProxyConfig(
             upstream_url=self.config.llm_url,
             upstream_api_key=self.config.llm_api_key,
@@ -149,6 +162,28 @@ class HarborServer:
         await self.refresh_sandbox_health(force=True)
         self.swept = await self._sweep_sandboxes()
 
+    async def _open_tunnel(self) -> None:
+        """`--expose cloudflare|gradio`: a tunnel to the capture port, whose URL is the public URL."""
+        if self.config.expose not in TUNNELS or self.tunnel is not None:
+            return
+        host = self.config.capture_host
+        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        self.tunnel = await asyncio.to_thread(
+            open_tunnel,
+            self.config.expose,
+            host,
+            self.config.capture_port,
+            timeout_s=self.config.tunnel_timeout_s,
+        )
+        # The config every part reads (the E2B backend, /info, the summary) carries it from here on.
+        self.config.public_url = normalize_engine_url(self.tunnel.url)
+
+    async def _close_tunnel(self) -> None:
+        tunnel, self.tunnel = self.tunnel, None
+        if tunnel is not None:
+            await asyncio.to_thread(tunnel.stop)
+            log.info("%s tunnel %s closed", tunnel.name, tunnel.url)
+
     async def _sweep_sandboxes(self) -> dict[str, int]:
         """Remove sandboxes whose owning process is gone (a crashed server's); healthy backends only."""
         swept: dict[str, int] = {}
@@ -174,6 +209,7 @@ class HarborServer:
             await self.service.aclose()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        await self._close_tunnel()
 
     async def run_http(self) -> None:
         """Serve both ports until `request_shutdown()` (or SIGINT/SIGTERM)."""
@@ -181,7 +217,7 @@ class HarborServer:
 
         assert self.service is not None, "start() first"
         api = create_api_app(self)
-        if self.config.expose == "gradio":
+        if self.config.inspector:
             from inspector import mount_inspector
 
             # The trace inspector on the trainer-facing port; it opens the store read-only.
@@ -293,6 +329,8 @@ class HarborServer:
             engine=self.engine,
             default_model=self.config.model,
             capture_port=self.config.capture_port,
+            expose=self.config.expose,
+            public_url=self.config.public_url,
             server_id=self.config.server_id,
         )
 

@@ -1,7 +1,7 @@
 """The Gradio trace inspector: a filtered, sorted, paged rollout list; one rollout's page; per-run rewards.
 
 `create_inspector(store_url)` builds the Blocks; `mount_inspector(app, store_url)` serves them inside a
-FastAPI app (`harbor serve --expose gradio`); `harbor inspect` runs them on their own. The store is
+FastAPI app (`harbor serve --inspector`); `harbor inspect` runs them on their own. The store is
 opened read-only (db.py) and every list is one SQL query (queries.py), so the pages stay quick with
 10,000 rollouts. A rollout opens from the list (click its row), by id, or by URL: `?rollout=<id>`.
 """
@@ -421,6 +421,6 @@ def _runs_tab(insp: Inspector, demo: gr.Blocks) -> None:
 def mount_inspector(
     app: Any, store_url: str, path: str = "/inspect", *, decode: TokenDecoder | None = None
 ) -> Any:
-    """Serve the inspector under `path` of a FastAPI app (what `harbor serve --expose gradio` calls)."""
+    """Serve the inspector under `path` of a FastAPI app (what `harbor serve --inspector` calls)."""
     demo = create_inspector(store_url, decode=decode)
     return gr.mount_gradio_app(app, demo, path=path)

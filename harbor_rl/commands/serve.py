@@ -37,12 +37,18 @@ def serve(
     expose: str = typer.Option(
         "none",
         "--expose",
-        help="direct: remote (E2B) sandboxes use --public-url; gradio: also serve the trace inspector at /inspect; none.",
+        help="How remote (E2B) sandboxes reach the capture port, as OpenEnv's --expose: direct: at "
+        "--public-url; cloudflare: a Cloudflare quick tunnel (needs the cloudflared binary); gradio: "
+        "Gradio's share tunnel (needs Gradio's share server); none. A tunnel stops with the server. "
+        "(--expose gradio no longer mounts the trace inspector: use --inspector.)",
     ),
     public_url: str | None = typer.Option(
         None,
         "--public-url",
         help="URL at which remote sandboxes reach the capture port (with --expose direct).",
+    ),
+    inspector: bool = typer.Option(
+        False, "--inspector", help="Also serve the read-only Gradio trace inspector at /inspect on --port."
     ),
     store: str | None = typer.Option(
         None, "--store", help="Trace store URL (default sqlite:///<runs dir>/traces.db)."
@@ -93,6 +99,7 @@ def serve(
     from rich.console import Console
 
     from harbor_server.config import ServeConfig
+    from harbor_server.tunnels import EXPOSE_MODES
 
     console = Console(stderr=True)
     values = {
@@ -107,6 +114,7 @@ def serve(
         "sandbox": sandbox,
         "expose": expose,
         "public_url": public_url,
+        "inspector": inspector,
         "store_url": store,
         "server_id": server_id,
         "check_engine": not skip_engine_check,
@@ -116,11 +124,16 @@ def serve(
     }
     if max_concurrent is not None:
         values["max_concurrent_envs"] = max_concurrent
-    if sandbox == "e2b" and public_url is None:
+    if expose not in EXPOSE_MODES:
+        raise typer.BadParameter(
+            f"unknown value {expose!r}; choose one of {', '.join(EXPOSE_MODES)}", param_hint="--expose"
+        )
+    if sandbox == "e2b" and expose == "none" and public_url is None:
         # Said at start-up rather than by every rollout's failure: E2B sandboxes run remotely.
         raise typer.BadParameter(
             "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
-            "direct --public-url URL (a tunnel to this machine, or its address with --capture-host 0.0.0.0)",
+            "cloudflare or --expose gradio (a tunnel to this machine), or --expose direct --public-url URL "
+            "(your own tunnel, or this machine's address with --capture-host 0.0.0.0)",
             param_hint="--sandbox e2b",
         )
     if log_level.lower() not in LOG_LEVELS:
@@ -177,6 +190,8 @@ def _config_error(exc: Exception) -> str:
 
 
 async def _serve(config, console) -> int:
+    from rich.markup import escape
+
     from capture_proxy.errors import StoreError
     from harbor_server.errors import HarborServerError
     from harbor_server.server import HarborServer
@@ -186,13 +201,14 @@ async def _serve(config, console) -> int:
     try:
         await server.start()
     except (HarborServerError, TaskError, StoreError) as exc:
-        console.print(f"[bold red]harbor serve cannot start:[/] {exc}")
+        # Escaped: a tool's log line quoted in it keeps its [brackets].
+        console.print(f"[bold red]harbor serve cannot start:[/] {escape(str(exc))}")
         return 1
     try:
         _print_summary(server, console)
         await server.run_http()
     except HarborServerError as exc:
-        console.print(f"[bold red]harbor serve stopped:[/] {exc}")
+        console.print(f"[bold red]harbor serve stopped:[/] {escape(str(exc))}")
         return 1
     finally:
         await server.stop()
@@ -228,17 +244,14 @@ def _print_summary(server, console) -> None:
         f"[bold]trainer API:[/] http://{config.host}:{config.port}  (OpenAPI: /docs)   "
         f"[bold]capture port:[/] {config.capture_host}:{config.capture_port}"
         + (f" = {config.public_url}" if config.public_url else "")
-        + (
-            f"   [bold]inspector:[/] http://{config.host}:{config.port}/inspect"
-            if config.expose == "gradio"
-            else ""
-        )
+        + (f" ({server.tunnel.name} tunnel)" if server.tunnel is not None else "")
+        + (f"   [bold]inspector:[/] http://{config.host}:{config.port}/inspect" if config.inspector else "")
     )
     console.print(
         f"[bold]store:[/] {redact(server.store_url)} as {config.server_id}   "
         f"[bold]MAX_CONCURRENT_ENVS:[/] {config.max_concurrent_envs}"
     )
-    if config.public_url and config.capture_on_loopback:
+    if config.public_url and config.capture_on_loopback and server.tunnel is None:
         # E2B sandboxes come in from outside: fine through a tunnel to loopback, never otherwise.
         console.print(
             f"[yellow]the capture port listens on {config.capture_host} only: E2B sandboxes reach it at "

@@ -1,5 +1,5 @@
 """End to end in a real browser: rollouts captured through the proxy, the inspector mounted in a FastAPI
-app (as `harbor serve --expose gradio` does), driven by headless Debian Chromium through Selenium.
+app (as `harbor serve --inspector` does), driven by headless Debian Chromium through Selenium.
 
 Upstream of the proxy is `engine.imitation`, a faithful local imitation of vLLM's OpenAI server
 (vLLM needs a GPU); the agent is the real `openai` client. The test saves docs/screenshots/list.png
@@ -187,8 +187,8 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
         _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
 
 
-def test_harbor_serve_expose_gradio_fills_the_table(browser, tmp_path, monkeypatch):
-    """`harbor serve --expose gradio`: the inspector at /inspect/ of the real server lists the rollout
+def test_harbor_serve_inspector_fills_the_table(browser, tmp_path, monkeypatch):
+    """`harbor serve --inspector`: the inspector at /inspect/ of the real server lists the rollout
     the server just ran. Gradio's queue starts in the app's lifespan; without it the page renders
     but every event waits in the queue ("queue: 1/1") and the table stays empty."""
     from selenium.common.exceptions import TimeoutException
@@ -198,7 +198,7 @@ def test_harbor_serve_expose_gradio_fills_the_table(browser, tmp_path, monkeypat
     from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
 
     monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
-    config = make_config(tmp_path, expose="gradio")
+    config = make_config(tmp_path, inspector=True)
     with running_server(config) as server:
         with HarborSessionFactory(
             server.url,

@@ -118,14 +118,14 @@ def test_capture_port_offers_only_agent_routes(server):
     assert response.status_code == 401
 
 
-def test_expose_gradio_serves_the_inspector_beside_the_api(tmp_path, sandbox_root):
-    """`--expose gradio` mounts the read-only trace inspector at /inspect on the trainer-facing port."""
-    config = make_config(tmp_path, expose="gradio")
+def test_inspector_is_served_beside_the_api(tmp_path, sandbox_root):
+    """`--inspector` mounts the read-only trace inspector at /inspect on the trainer-facing port."""
+    config = make_config(tmp_path, inspector=True)
     with running_server(config) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         assert client.get("/health").json()["status"] == "ok"
         page = client.get("/inspect/", follow_redirects=True)
         assert page.status_code == 200
         assert "gradio" in page.text.lower()
-    plain = make_config(tmp_path, expose="none")
+    plain = make_config(tmp_path)
     with running_server(plain) as server, httpx.Client(base_url=server.url) as client:
         assert client.get("/inspect/").status_code == 404

@@ -19,18 +19,19 @@ from typer.testing import CliRunner
 from harbor_rl.cli import app as cli
 from harbor_server.embedded import free_port
 from tests.server.conftest import UNUSED_ENGINE
+from tests.server.tunnel_stand_ins import CLOUDFLARED_BANNER, QUICK_URL, stand_in_binary
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _serve(tmp_path, *extra: str) -> tuple[subprocess.Popen, int, int]:
+def _serve(tmp_path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, int, int]:
     port, capture_port = free_port(), free_port()
     cmd = [
         sys.executable, "-m", "harbor_rl", "serve", "--dataset", "builtin", "--llm-url", UNUSED_ENGINE,
         "--model", "tiny", "--port", str(port), "--capture-port", str(capture_port), "--sandbox", "local",
         "--store", f"sqlite:///{tmp_path}/traces.db", "--skip-engine-check", *extra,
     ]  # fmt: skip
-    env = os.environ | {"HARBOR_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"}
+    env = os.environ | {"HARBOR_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "200"} | (env or {})
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -111,6 +112,36 @@ def test_serve_logs_each_rollout_start_and_end(tmp_path):
         end,
     ), end
     assert " INFO " in start and " INFO " in end  # the default level shows them
+
+
+def test_serve_expose_cloudflare_serves_at_the_tunnels_url_and_stops_cloudflared(tmp_path):
+    """`--expose cloudflare` as a user runs it, with a stand-in cloudflared on PATH that logs the real one's
+    quick-tunnel banner and runs until stopped: the URL is the public URL (summary, /info; E2B sandboxes
+    are accepted), and SIGTERM to harbor serve stops cloudflared too."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "cloudflared"
+    stand_in_binary(bin_dir / "cloudflared", record, CLOUDFLARED_BANNER, to="stderr", then="exec sleep 600")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "E2B_API_KEY": ""}
+    proc, port, capture_port = _serve(tmp_path, "--expose", "cloudflare", "--sandbox", "e2b", env=env)
+    try:
+        info = httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()
+        assert (info["expose"], info["public_url"]) == ("cloudflare", f"{QUICK_URL}/v1")
+        pid = int(record.with_suffix(".pid").read_text())
+    finally:
+        output = _stop(proc)
+    assert f"capture port: 127.0.0.1:{capture_port} = {QUICK_URL}/v1 (cloudflare tunnel)" in output
+    assert "must be a tunnel to this machine" not in output  # it is one
+    assert _stopped(pid), f"cloudflared (pid {pid}) still runs after harbor serve stopped"
+
+
+def _stopped(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped (harbor serve exited; this container's init may not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_serve_log_level_is_checked(tmp_path):
