@@ -117,8 +117,9 @@ def test_the_echo_quick_start_trains_and_does_what_the_guide_says(tmp_path) -> N
 
     store = TraceStore(f"sqlite:///{out / 'traces.db'}")
     try:
-        (session, *_) = store.list_sessions()
-        request = store.get_turns(session.session_id)[0].request
+        # Newest first; the worker may have started rollouts the run ended before they made a call.
+        turns = [turn for s in store.list_sessions() for turn in store.get_turns(s.session_id)]
+        request = turns[0].request
     finally:
         store.close()
     (tool,) = request["tools"]
