@@ -115,6 +115,29 @@ def test_trained_tokens_alone_give_the_full_logits_loss_and_gradients(tiny_model
     assert max(g.abs().max().item() for g in want_grads) > 1e-3  # the comparison is not of zeros
 
 
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward takes no `logits_to_keep` (a custom or older model)."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, position_ids, use_cache, attention_mask=None):
+        return self.lm(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                       use_cache=use_cache)  # fmt: skip
+
+
+def test_a_model_without_logits_to_keep_gets_the_same_logprobs(tiny_model) -> None:
+    model, _ = tiny_model
+    for padding_free in (True, False):
+        batch = pack([TrainItem(r, 1.0) for r in ROWS], padding_free=padding_free)
+        with torch.no_grad():
+            got = token_logprobs(WithoutLogitsToKeep(model), batch, temperature=0.8, with_entropy=True)
+            want_logps, want_entropy = full_logits_logprobs(model, batch, temperature=0.8)
+        torch.testing.assert_close(got.logps, want_logps, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got.entropy, want_entropy, rtol=0, atol=1e-5)
+
+
 def test_the_prefix_is_shared_only_where_it_pays_and_is_exact() -> None:
     items = [TrainItem(r, 1.0) for r in ROWS]
     assert shared_prefix_length(pack(items, padding_free=True)) == 0  # packed rows sit side by side
