@@ -142,7 +142,8 @@ KNOWN: tuple[Benchmark, ...] = (
     ),
     Benchmark(
         "trainer_step",
-        "Training rows: packed vs unique tokens, and padding-free vs padded steps on the tiny model.",
+        "Training rows: packed vs unique tokens, padding-free vs padded steps, and logits at trained tokens vs "
+        "every position, on the tiny model.",
         core="one",
         plots=(
             Plot(

@@ -1,7 +1,8 @@
-"""Trainer step benchmark: packed tokens vs unique tokens for long multi-turn rollouts, and training
-tokens/s of padding-free vs padded batches, measured side by side in one run on the tiny model.
+"""Trainer step benchmark: packed tokens vs unique tokens for long multi-turn rollouts, training
+tokens/s of padding-free vs padded batches, and the step with the lm head at the trained tokens only vs
+over every position, measured side by side in one run on the tiny model.
 
-    python bench/trainer_step.py [--quick]
+    python bench/trainer_step.py [--quick] [--logits-only]
 
 A rollout of N turns grows the way an agent's conversation does: each call's prompt is the previous
 call's prompt + completion + a tool output. Rows come from `capture_proxy.rows.build_training_rows`
@@ -26,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capture_proxy.models import TrainingTrace  # noqa: E402
 from capture_proxy.rows import build_training_rows  # noqa: E402
 from engine.tiny_model import build_tiny_model, load_model_and_tokenizer  # noqa: E402
+from trainer import grpo  # noqa: E402
 from trainer.config import AsyncGRPOConfig  # noqa: E402
 from trainer.grpo import HarnessAsyncGRPOTrainer  # noqa: E402
-from trainer.packing import TrainItem  # noqa: E402
+from trainer.logprobs import TokenLogprobs, _cache_argument, shared_prefix_length, token_logprobs  # noqa: E402
+from trainer.packing import Batch, TrainItem, pack  # noqa: E402
 
 SYSTEM, COMPLETION, TOOL = 200, 30, 50
+AGENT_COMPLETION, AGENT_TOOL = 20, 60
+"""An agent turn: few trained tokens, a longer tool output (mini-swe-agent trains ~70 tokens a rollout)."""
 
 
 def rollout(turns: int, rng: random.Random, session: str, compact_every: int = 0) -> TrainingTrace:
@@ -190,6 +195,120 @@ def throughput_table(turns: int, rollouts: int, repeats: int, shape: str, device
     return table
 
 
+def full_logits_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+) -> TokenLogprobs:
+    """token_logprobs as it was before it kept the trained tokens only (issue 35): the lm head, float
+    copy, softmax and entropy at every position, the shared prompt still run once."""
+    prefix = shared_prefix_length(batch)
+    cache_arg = _cache_argument(model) if prefix else None
+    if cache_arg is not None:
+        rows = batch.input_ids.shape[0]
+        head = model(input_ids=batch.input_ids[:1, :prefix], position_ids=batch.position_ids[:1, :prefix],
+                     use_cache=True, logits_to_keep=1)  # fmt: skip
+        cache = getattr(head, "cache", None) or head.past_key_values
+        cache.batch_repeat_interleave(rows)
+        tail = model(input_ids=batch.input_ids[:, prefix:], position_ids=batch.position_ids[:, prefix:],
+                     attention_mask=batch.attention_mask, use_cache=True, **{cache_arg: cache})  # fmt: skip
+        logits = torch.cat([head.logits.expand(rows, -1, -1), tail.logits[:, :-1]], dim=1)
+    else:
+        kwargs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
+        if batch.attention_mask is not None:
+            kwargs["attention_mask"] = batch.attention_mask
+        logits, prefix = model(**kwargs).logits[:, :-1], 1
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    mask = batch.loss_mask[:, prefix:]
+    picked = log_probs.gather(-1, batch.input_ids[:, prefix:, None]).squeeze(-1) * mask
+    lead = picked.new_zeros(picked.shape[0], prefix)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1) * mask if with_entropy else None
+    return TokenLogprobs(
+        torch.cat([lead, picked], 1), None if entropy is None else torch.cat([lead, entropy], 1)
+    )
+
+
+def agent_items(rollouts: int, prompt: int, rng: random.Random) -> list[TrainItem]:
+    """One group of an agent task: every rollout starts with the same long first prompt, then turns of
+    a short trained completion and a longer untrained tool output (mini-swe-agent's shape)."""
+    first = [rng.randrange(10, 4000) for _ in range(prompt)]
+    items = []
+    for i in range(rollouts):
+        ids, mask = list(first), [0] * prompt
+        for _ in range(2 + i % 5):
+            ids += [rng.randrange(10, 4000) for _ in range(AGENT_COMPLETION + AGENT_TOOL)]
+            mask += [1] * AGENT_COMPLETION + [0] * AGENT_TOOL
+        row = build_training_rows(TrainingTrace.model_validate({"session_id": f"a{i}", "turns": [{
+            "node_id": "n0", "prompt_token_ids": ids[:prompt], "completion_token_ids": ids[prompt:],
+            "per_token_logps": [-1.0] * (len(ids) - prompt), "loss_mask": mask,
+            "request": {"messages": [{"role": "user", "content": "task"}]},
+            "response": {"choices": [{"message": {"role": "assistant", "content": "x"}}]},
+            "metadata": {"policy_version": 0}}]}))[0]  # fmt: skip
+        items.append(TrainItem(row, 1.0 if i % 2 else -1.0))
+    return items
+
+
+def logits_table(rollouts: int, prompt: int, repeats: int, device: str, bf16: bool) -> Table:
+    """The step with token_logprobs (lm head at the trained tokens) vs full_logits_logprobs, interleaved
+    repeat by repeat so both see the same machine load. On one torch thread the process's CPU time is
+    the step's work; it is what compares on a shared machine, where wall time swings with the load."""
+    torch.set_num_threads(1)
+    model = bench_model("tiny", device)
+    items = agent_items(rollouts, prompt, random.Random(2))
+    trained = sum(item.row.num_trained_tokens for item in items)
+    lengths = [item.num_tokens for item in items]
+    table = Table(
+        title=f"Training step, tiny model on {device}{' bf16' if bf16 else ''}, agent rows: {rollouts} rollouts "
+        f"of {min(lengths)}-{max(lengths)} tokens sharing a {prompt}-token prompt, {trained} trained tokens"
+    )
+    for col in ("batches", "logits at", "step s", "CPU s", "training tok/s", "speed vs all", "CPU vs all"):
+        table.add_column(col, justify="right")
+    impls = {"all positions": full_logits_logprobs, "trained tokens": token_logprobs}
+    trainers = {}
+    for padding_free in (True, False):
+        # One row a pack: a pack of all eight (~13k tokens) pays attention over the whole pack, ~12x the
+        # padded step, which is what padding_free's doc warns of, not what this table measures.
+        config = AsyncGRPOConfig(num_generations=1, per_device_train_batch_size=rollouts, padding_free=padding_free,
+                                 max_tokens_per_batch=max(lengths) if padding_free else None,
+                                 learning_rate=1e-7, report_to="none", bf16=bf16,
+                                 vllm_server_base_url=None)  # fmt: skip
+        trainers[padding_free] = HarnessAsyncGRPOTrainer(model, lambda **_: None, config, train_dataset=[{}])
+    times: dict[tuple[bool, str], list[tuple[float, float]]] = {
+        (pf, name): [] for pf in trainers for name in impls
+    }
+    tokens = {}
+    try:
+        for rep in range(repeats + 1):  # the first round warms up (allocator, kernels) and is not kept
+            for (padding_free, name), kept in times.items():
+                grpo.token_logprobs = impls[name]
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                t0, c0 = time.perf_counter(), time.process_time()
+                _, tokens[padding_free], _ = trainers[padding_free]._optimize(items)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                if rep:
+                    kept.append((time.perf_counter() - t0, time.process_time() - c0))
+    finally:
+        grpo.token_logprobs = token_logprobs
+
+    def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+        return tuple(sorted(column)[len(column) // 2] for column in zip(*runs, strict=True))
+
+    for (padding_free, name), kept in times.items():
+        (wall, cpu), (base_wall, base_cpu) = medians(kept), medians(times[(padding_free, "all positions")])
+        table.add_row("padding-free, a row a pack" if padding_free else "padded, shared prompt once", name,
+                      f"{wall:.3f}", f"{cpu:.3f}", f"{tokens[padding_free] / wall:,.0f}", f"{base_wall / wall:.2f}x",
+                      f"{base_cpu / cpu:.2f}x")  # fmt: skip
+    with torch.no_grad():
+        batch = grpo._to(pack(items, padding_free=True), torch.device(device))
+        gap = (token_logprobs(model, batch).logps - full_logits_logprobs(model, batch).logps).abs().max()
+    table.caption = (
+        f"medians of {repeats} interleaved steps; max |logp trained-tokens - logp all-positions| (packed): "
+        f"{float(gap):.2e}"
+    )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns and repeats (a smoke run)")
@@ -197,12 +316,21 @@ def main() -> None:
     parser.add_argument("--shape", choices=["tiny", "medium"], default="tiny", help="model size for the step")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast in the training step")
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts in the timed step")
+    parser.add_argument(
+        "--logits-only", action="store_true", help="only the trained-tokens vs all-positions table"
+    )
     args = parser.parse_args()
     console = Console(width=150)
+    logits = logits_table(rollouts=4 if args.quick else 8, prompt=400 if args.quick else 1300,
+                          repeats=1 if args.quick else 3, device=args.device, bf16=args.bf16)  # fmt: skip
+    if args.logits_only:
+        console.print(logits)
+        return
     console.print(packing_table([5, 20] if args.quick else [5, 20, 50]))
     console.print(throughput_table(turns=5 if args.quick else 20, rollouts=args.rollouts,
                                    repeats=1 if args.quick else 3, shape=args.shape, device=args.device,
                                    bf16=args.bf16))  # fmt: skip
+    console.print(logits)
     console.print(
         "[dim]training tok/s: real (non-padding) tokens per second of forward + backward + optimizer step.[/]"
     )

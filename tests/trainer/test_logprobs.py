@@ -1,5 +1,5 @@
-"""Rows that share a long prompt: the prefix runs once, and logprobs and gradients stay those of the
-whole rows (the real tiny model)."""
+"""Logprobs at the trained tokens only, and rows that share a long prompt running it once: the loss and
+gradients stay those of the lm head over every position of the whole rows (the real tiny model)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from capture_proxy.rows import TrainingRow
 from trainer import logprobs
 from trainer.logprobs import shared_prefix_length, token_logprobs
+from trainer.loss import LossSettings, grpo_loss
 from trainer.packing import TrainItem, chunk_by_prefix, pack
 
 PROMPT = [10 + (i % 200) for i in range(100)]  # the long first prompt every rollout of a task starts with
@@ -59,6 +60,82 @@ def test_a_shared_prompt_runs_once_with_the_same_logprobs_and_gradients(tiny_mod
     for a, b in zip(shared[1], whole[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
     assert max(g.abs().max().item() for g in whole[1]) > 1e-3  # the comparison is not of zeros
+
+
+def full_logits_logprobs(model, batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: the lm head and softmax at every position of the whole rows, then the trained
+    tokens' logprobs and entropies picked out (zero elsewhere)."""
+    kwargs = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
+    if batch.attention_mask is not None:
+        kwargs["attention_mask"] = batch.attention_mask
+    log_probs = torch.log_softmax(model(**kwargs).logits[:, :-1].float() / temperature, dim=-1)
+    picked = log_probs.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1).detach()
+    lead = picked.new_zeros(picked.shape[0], 1)
+    return torch.cat([lead, picked], 1) * batch.loss_mask, torch.cat([lead, entropy], 1) * batch.loss_mask
+
+
+def loss_and_grads(model, batch, logps) -> tuple[float, list[torch.Tensor]]:
+    model.zero_grad()
+    prox = logps.detach() + 0.05 * batch.loss_mask  # pi_theta moved since the batch began: r != 1
+    out = grpo_loss(logps, prox, batch.behavior_logps, batch.advantages, batch.loss_mask, batch.sequence_ids,
+                    batch.num_sequences, 1, LossSettings())  # fmt: skip
+    out.loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return out.loss.item(), grads
+
+
+OTHER = row([70, 71, 72, 73], trained=[1, 3])
+OTHER = dataclasses.replace(OTHER, input_ids=tuple(reversed(PROMPT)) + OTHER.input_ids[len(PROMPT) :])
+
+
+@pytest.mark.parametrize(
+    "padding_free, rows, prefix",
+    [(True, ROWS, 0), (False, [ROWS[0], OTHER, ROWS[2]], 0), (False, ROWS, len(PROMPT))],
+    ids=["packed", "padded", "shared-prefix"],
+)
+def test_trained_tokens_alone_give_the_full_logits_loss_and_gradients(tiny_model, padding_free, rows, prefix):
+    model, _ = tiny_model
+    items = [TrainItem(r, a) for r, a in zip(rows, (1.0, -1.0, 0.5), strict=True)]
+    batch = pack(items, padding_free=padding_free)
+    assert shared_prefix_length(batch) == prefix
+    lp = token_logprobs(model, batch, temperature=0.8, with_entropy=True)
+    want_logps, want_entropy = full_logits_logprobs(model, batch, temperature=0.8)
+
+    untrained = batch.loss_mask == 0
+    assert untrained.any() and (lp.logps[untrained] == 0).all() and (lp.entropy[untrained] == 0).all()
+    torch.testing.assert_close(lp.logps, want_logps, rtol=0, atol=1e-5)
+    torch.testing.assert_close(lp.entropy, want_entropy, rtol=0, atol=1e-5)
+    loss, grads = loss_and_grads(model, batch, lp.logps)
+    want_loss, want_grads = loss_and_grads(model, batch, full_logits_logprobs(model, batch, 0.8)[0])
+    assert loss == pytest.approx(want_loss, abs=1e-5)
+    for got, want in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert max(g.abs().max().item() for g in want_grads) > 1e-3  # the comparison is not of zeros
+
+
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward takes no `logits_to_keep` (a custom or older model)."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, position_ids, use_cache, attention_mask=None):
+        return self.lm(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                       use_cache=use_cache)  # fmt: skip
+
+
+def test_a_model_without_logits_to_keep_gets_the_same_logprobs(tiny_model) -> None:
+    model, _ = tiny_model
+    for padding_free in (True, False):
+        batch = pack([TrainItem(r, 1.0) for r in ROWS], padding_free=padding_free)
+        with torch.no_grad():
+            got = token_logprobs(WithoutLogitsToKeep(model), batch, temperature=0.8, with_entropy=True)
+            want_logps, want_entropy = full_logits_logprobs(model, batch, temperature=0.8)
+        torch.testing.assert_close(got.logps, want_logps, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got.entropy, want_entropy, rtol=0, atol=1e-5)
 
 
 def test_the_prefix_is_shared_only_where_it_pays_and_is_exact() -> None:

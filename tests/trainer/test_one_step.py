@@ -1,4 +1,4 @@
-"""Logprobs on packed rows match a plain forward pass per row, one GRPO update moves a
+"""Logprobs of the trained tokens of packed rows match a plain forward pass per row, one GRPO update moves a
 positive-advantage completion up and a negative one down (the real tiny model, real AdamW), and the
 step's rows carry their rollout's advantage as `negative_advantage_scale` sets it."""
 
@@ -49,8 +49,8 @@ def test_packed_and_padded_logprobs_equal_per_row_forward_passes(tiny_model) -> 
             lp = token_logprobs(model, batch, temperature=0.7, with_entropy=True).logps
         for i, r in enumerate(rows):
             got = lp[batch.sequence_ids == i].tolist()
-            assert got[0] == 0.0  # nothing predicts a row's first token
-            assert got[1:] == pytest.approx(reference_logps(model, list(r.input_ids), 0.7), abs=2e-5)
+            want = [0.0, *reference_logps(model, list(r.input_ids), 0.7)]  # nothing predicts a first token
+            assert got == pytest.approx([w * m for w, m in zip(want, r.loss_mask, strict=True)], abs=2e-5)
 
 
 def test_one_update_raises_positive_and_lowers_negative_completions(tiny_model) -> None:
