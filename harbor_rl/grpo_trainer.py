@@ -26,6 +26,7 @@ import contextlib
 import functools
 import json
 import math
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from pydantic import Field
 from harbor_server import HarborSessionFactory
 from harbor_server.client import HarborSession
 from harnesses.env_factory.harness import ROW_KEY
+from tasks.datasets import ENV_TASKS_DIR
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import TrainerConfigError
 
@@ -44,6 +46,8 @@ ENVIRONMENT_COLUMN = "environment"
 """TRL's multi-environment control column: which of a dict of factories runs the row."""
 ENVIRONMENT_PREFIX = "env-factory:"
 """Harness names of a dict of environment factories: `env-factory:<key>`."""
+ROW_TASK_TEMPLATE = ENV_TASKS_DIR / "echo-hi"
+"""A built-in env task whose verifier (forward the environment's reward) and image the row task takes."""
 
 
 class GRPOConfig(AsyncGRPOConfig):
@@ -312,11 +316,12 @@ def _served_model(engine_url: str) -> str:
 
 
 def write_row_task(folder: Path) -> Path:
-    """The one task every row runs: the env-factory harness writes the environment's reward, which the
-    verifier forwards (as the built-in env tasks do); no reward file, no reward (None, never 0)."""
+    """The one task every row runs. Its verifier and image are a built-in env task's: the env-factory
+    harness writes the environment's reward and the verifier forwards it; no reward file, no reward
+    (None, never 0)."""
     task = folder / "grpo-trainer-row"
-    (task / "tests").mkdir(parents=True, exist_ok=True)
-    (task / "environment").mkdir(exist_ok=True)
+    for part in ("tests", "environment"):
+        shutil.copytree(ROW_TASK_TEMPLATE / part, task / part, dirs_exist_ok=True)
     (task / "task.toml").write_text(
         f'schema_version = "1.0"\n\n[task]\nname = "{TASK_ID}"\n'
         'description = "One dataset row of a GRPOTrainer run"\n\n'
@@ -324,13 +329,4 @@ def write_row_task(folder: Path) -> Path:
         '[verifier]\ntimeout_sec = 30.0\n\n[environment]\nnetwork_mode = "no-network"\nworkdir = "/app"\n'
     )
     (task / "instruction.md").write_text("The prompt is the dataset row's `prompt` column.\n")
-    (task / "environment" / "Dockerfile").write_text("FROM harbor-rl/sandbox-base:bookworm\nWORKDIR /app\n")
-    test = task / "tests" / "test.sh"
-    test.write_text(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        "if [ -s /logs/agent/env_reward.json ]; then\n"
-        "  cp /logs/agent/env_reward.json /logs/verifier/reward.json\n"
-        "else\n  echo 'no environment reward was produced' >&2\nfi\n"
-    )
-    test.chmod(0o755)
     return folder

@@ -192,14 +192,15 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
     def create(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> HarborSession:
         """Start a rollout of `task`: an index, an id, a `prompt_rows()` row, or a TRL prompt (chat
         messages or a string) naming its task by instruction."""
+        return self.start(self.request(task, seed, episode_id))
+
+    def request(
+        self, task: TaskRef, seed: int | None = None, episode_id: str | None = None
+    ) -> RolloutRequest:
+        """The request `create` sends for `task`, to change before `start` (e.g. its metadata)."""
         self._resolve_split()
         target = self._tasks().find(task) if is_prompt(task) else task
-        return self.start(self.config.request(target, seed, episode_id))
-
-    def request(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> RolloutRequest:
-        """The request `create` would send for `task`, to change before `start` (e.g. its metadata)."""
-        self._resolve_split()
-        return self.config.request(task, seed, episode_id)
+        return self.config.request(target, seed, episode_id)
 
     def start(self, request: RolloutRequest) -> HarborSession:
         """Start the rollout `request` on the least busy server, waiting `capacity_wait_s` for a slot."""
