@@ -4,81 +4,22 @@ for CI; and what each guide says happens, happens. SOURCES.md says where each sn
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
-SHORT_SETTINGS = (
-    r"\s*max_steps=\d+, num_generations=\d+, per_device_train_batch_size=\d+, max_completion_length=\d+,"
-)
-"""The one line a seed may add: a short run for CI."""
-
-
-def _import_line(guide: str | None, ours: str | None) -> bool:
-    return bool(guide and guide.startswith("from trl import")) and ours == guide.replace(
-        "trl", "harbor_rl", 1
-    )
-
-
-def _model(guide: str | None, ours: str | None) -> bool:
-    """The Hub model becomes the offline tiny one."""
-    return bool(guide and re.fullmatch(r'\s*model="[^"]+",', guide)) and ours == re.sub(
-        r'"[^"]+"', '"tiny"', guide
-    )
-
-
-def _rows(guide: str | None, ours: str | None) -> bool:
-    """Fewer dataset rows (`[...] * N`)."""
-    size = r"\] \* \d+\}"
-    return bool(guide and ours and re.search(size, guide)) and re.sub(size, "", guide) == re.sub(
-        size, "", ours
-    )
-
-
-def _short_settings(guide: str | None, ours: str | None) -> bool:
-    return guide is None and ours is not None and re.fullmatch(SHORT_SETTINGS, ours) is not None
-
-
-RULES = (_import_line, _model, _rows, _short_settings)
-"""What a seed may change of its guide's code: (guide line, our line) -> allowed."""
-
-
-def changes(guide: str, ours: str) -> list[tuple[str | None, str | None]]:
-    """(guide line, our line) for each line that differs (None on the side that has none)."""
-    out: list[tuple[str | None, str | None]] = []
-    matcher = difflib.SequenceMatcher(a=guide.splitlines(), b=ours.splitlines(), autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        a, b = matcher.a[i1:i2], matcher.b[j1:j2]
-        out += [
-            (a[k] if k < len(a) else None, b[k] if k < len(b) else None) for k in range(max(len(a), len(b)))
-        ]
-    return out
-
-
-def allowed(guide_line: str | None, our_line: str | None) -> bool:
-    return any(rule(guide_line, our_line) for rule in RULES)
+from tests.seeds.guide_diff import HERE, allowed, changes, refused_changes, run_seed
 
 
 @pytest.mark.parametrize("name", ["trl_openenv_echo"])
 def test_a_seed_differs_from_its_guide_only_where_the_rules_allow(name) -> None:
     guide = (HERE / "guide" / f"{name}.py").read_text()
     ours = (HERE / f"{name}.py").read_text()
-    differing = changes(guide, ours)
     assert (
         "from trl import GRPOConfig, GRPOTrainer",
         "from harbor_rl import GRPOConfig, GRPOTrainer",
-    ) in differing
-    refused = [pair for pair in differing if not allowed(*pair)]
+    ) in changes(guide, ours)
+    refused = refused_changes(name)
     assert not refused, f"{name}.py changes the guide beyond its imports and offline settings: {refused}"
 
 
@@ -86,18 +27,6 @@ def test_the_rules_refuse_any_other_change() -> None:
     assert not allowed("    reward_funcs=reward_func,", "    reward_funcs=[reward_func],")
     assert not allowed(None, "import harbor_rl.testing")
     assert allowed("from trl import GRPOTrainer", "from harbor_rl import GRPOTrainer")
-
-
-def run_seed(name: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE / "offline")]), "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, str(HERE / f"{name}.py")],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.mark.slow

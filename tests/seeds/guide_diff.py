@@ -1,0 +1,93 @@
+"""What a seed may change of its guide's code, and how a seed runs.
+
+A seed (`tests/seeds/<name>.py`) is a code block of a guide as it runs here; `guide/<name>.py` is the block
+verbatim. `changes(guide, ours)` lists the lines that differ, and each must be allowed by a rule: a
+function `(guide line, our line) -> bool` (None on the side that has no line). BASE_RULES hold for every
+seed; a seed whose guide needs one more offline change passes its own rule, named for what it changes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+Rule = Callable[[str | None, str | None], bool]
+
+SHORT_SETTINGS = (
+    r"\s*max_steps=\d+, num_generations=\d+, per_device_train_batch_size=\d+, max_completion_length=\d+,"
+)
+"""The one line a seed may add: a short run for CI."""
+
+
+def import_line(guide: str | None, ours: str | None) -> bool:
+    """`from trl import ...` becomes `from harbor_rl import ...`."""
+    return bool(guide and guide.startswith("from trl import")) and ours == guide.replace(
+        "trl", "harbor_rl", 1
+    )
+
+
+def hub_model(guide: str | None, ours: str | None) -> bool:
+    """The Hub model becomes the offline tiny one."""
+    return bool(guide and re.fullmatch(r'\s*model="[^"]+",', guide)) and ours == re.sub(
+        r'"[^"]+"', '"tiny"', guide
+    )
+
+
+def fewer_rows(guide: str | None, ours: str | None) -> bool:
+    """Fewer dataset rows (`[...] * N`)."""
+    size = r"\] \* \d+\}?\)?"
+    return bool(guide and ours and re.search(size, guide)) and re.sub(size, "", guide) == re.sub(
+        size, "", ours
+    )
+
+
+def short_settings(guide: str | None, ours: str | None) -> bool:
+    return guide is None and ours is not None and re.fullmatch(SHORT_SETTINGS, ours) is not None
+
+
+BASE_RULES: tuple[Rule, ...] = (import_line, hub_model, fewer_rows, short_settings)
+
+
+def changes(guide: str, ours: str) -> list[tuple[str | None, str | None]]:
+    """(guide line, our line) for each line that differs (None on the side that has none)."""
+    out: list[tuple[str | None, str | None]] = []
+    matcher = difflib.SequenceMatcher(a=guide.splitlines(), b=ours.splitlines(), autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        a, b = matcher.a[i1:i2], matcher.b[j1:j2]
+        out += [
+            (a[k] if k < len(a) else None, b[k] if k < len(b) else None) for k in range(max(len(a), len(b)))
+        ]
+    return out
+
+
+def allowed(guide_line: str | None, our_line: str | None, extra: Sequence[Rule] = ()) -> bool:
+    return any(rule(guide_line, our_line) for rule in (*BASE_RULES, *extra))
+
+
+def refused_changes(name: str, extra: Sequence[Rule] = ()) -> list[tuple[str | None, str | None]]:
+    """The changes of seed `name` from its guide block that no rule allows (empty: the seed is faithful)."""
+    guide = (HERE / "guide" / f"{name}.py").read_text()
+    ours = (HERE / f"{name}.py").read_text()
+    return [pair for pair in changes(guide, ours) if not allowed(*pair, extra=extra)]
+
+
+def run_seed(name: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run seed `name` as a user would (`python <name>.py` in `cwd`), the offline stand-ins importable."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE / "offline")]), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, str(HERE / f"{name}.py")],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
