@@ -74,10 +74,13 @@ def allowed(guide_line: str | None, our_line: str | None, extra: Sequence[Rule] 
 
 
 def refused_changes(name: str, extra: Sequence[Rule] = ()) -> list[tuple[str | None, str | None]]:
-    """The changes of seed `name` from its guide block that no rule allows (empty: the seed is faithful)."""
+    """The changes of seed `name` from its guide block that no rule allows (empty: the seed is faithful),
+    and a `(None, "preamble binds X")` for each name its preamble defines that the block does not use."""
     guide = (HERE / "guide" / f"{name}.py").read_text()
-    ours = (HERE / f"{name}.py").read_text()
-    return [pair for pair in changes(guide, ours) if not allowed(*pair, extra=extra)]
+    preamble, ours = split_seed((HERE / f"{name}.py").read_text())
+    refused = [pair for pair in changes(guide, ours) if not allowed(*pair, extra=extra)]
+    strays = preamble_strays(preamble, ours) if preamble else set()
+    return refused + [(None, f"preamble binds {name}") for name in sorted(strays)]
 
 
 def run_seed(name: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -91,3 +94,44 @@ def run_seed(name: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
         text=True,
         timeout=timeout,
     )
+
+
+BLOCK_MARKER = "# -- the guide's block --"
+"""In a seed whose block uses names the guide defines elsewhere (`vllm_url`, `dataset`, `my_reward`), the
+lines above this marker define them; the block is what follows it."""
+
+
+def split_seed(text: str) -> tuple[str, str]:
+    """(preamble, block) of a seed's text; the preamble is empty when the seed has no marker."""
+    head, marker, block = text.partition(BLOCK_MARKER + "\n")
+    return (head, block) if marker else ("", text)
+
+
+def free_names(block: str) -> set[str]:
+    """Module-level names `block` reads but neither binds nor gets from builtins."""
+    import ast
+    import builtins
+    import symtable
+
+    table = symtable.symtable(block, "<guide block>", "exec")
+    read: set[str] = set()
+    for node in ast.walk(ast.parse(block)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            read.add(node.id)
+    bound = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+    return {n for n in read - bound if not hasattr(builtins, n)}
+
+
+def preamble_strays(preamble: str, block: str) -> set[str]:
+    """Names the preamble binds (imports aside) that the block does not need: empty when the preamble only
+    gives the block what the guide defines elsewhere."""
+    import ast
+
+    bound: set[str] = set()
+    for node in ast.parse(preamble).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return bound - free_names(block)

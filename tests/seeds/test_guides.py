@@ -8,7 +8,17 @@ import json
 
 import pytest
 
-from tests.seeds.guide_diff import HERE, allowed, changes, refused_changes, run_seed
+from tests.seeds.guide_diff import (
+    BLOCK_MARKER,
+    HERE,
+    allowed,
+    changes,
+    free_names,
+    preamble_strays,
+    refused_changes,
+    run_seed,
+    split_seed,
+)
 
 
 @pytest.mark.parametrize("name", ["trl_openenv_echo"])
@@ -58,3 +68,11 @@ def test_the_echo_quick_start_trains_and_does_what_the_guide_says(tmp_path) -> N
         "type": "string", "description": "The message to echo"
     }  # fmt: skip
     assert request["messages"][-1]["content"] == "Try to echo 'Hello World!' in the environment."
+
+
+def test_a_preamble_may_define_only_what_the_block_uses() -> None:
+    block = "trainer = Trainer(model=model, train_dataset=dataset)\n"
+    assert free_names(block) == {"Trainer", "model", "dataset"}
+    assert preamble_strays("import os\nmodel = 'tiny'\ndataset = []\n", block) == set()
+    assert preamble_strays("model = 'tiny'\nreward_funcs = []\n", block) == {"reward_funcs"}
+    assert split_seed(f"x = 1\n{BLOCK_MARKER}\ny = x\n") == ("x = 1\n", "y = x\n")
