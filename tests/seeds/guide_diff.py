@@ -123,8 +123,8 @@ def free_names(block: str) -> set[str]:
 
 
 def preamble_strays(preamble: str, block: str) -> set[str]:
-    """Names the preamble binds (imports aside) that the block does not need: empty when the preamble only
-    gives the block what the guide defines elsewhere."""
+    """Names the preamble binds (imports and its own `_private` helpers aside) that the block does not need:
+    empty when the preamble only gives the block what the guide defines elsewhere."""
     import ast
 
     bound: set[str] = set()
@@ -134,4 +134,4 @@ def preamble_strays(preamble: str, block: str) -> set[str]:
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-    return bound - free_names(block)
+    return {n for n in bound - free_names(block) if not n.startswith("_")}

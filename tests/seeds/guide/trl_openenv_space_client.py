@@ -1,0 +1,1 @@
+env = EchoEnv(base_url="https://hugface-5b9.pages.dev/proxy/openenv-echo-env.hf.space")

@@ -1,0 +1,2 @@
+def reward_func(environments, **kwargs) -> list[float]:
+    return [env.reward for env in environments]
