@@ -27,6 +27,7 @@ from capture_proxy.store import TraceStore, default_store_url
 from harbor_server.config import ServeConfig
 from harbor_server.engine_check import probe_engine
 from harbor_server.errors import EngineCheckFailed, HarborServerError
+from harbor_server.limits import ensure_open_file_limit
 from harbor_server.models import DatasetInfo, EngineStatus, SandboxInfo, ServerInfo, TaskInfo
 from harbor_server.rollouts import HarnessFactory, RolloutManager
 from harbor_server.tunnels import TUNNELS, Tunnel, check_available, open_tunnel
@@ -117,6 +118,7 @@ class HarborServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        ensure_open_file_limit(self.config.max_concurrent_envs)
         if self.config.expose in TUNNELS:
             check_available(self.config.expose)  # before datasets load: a missing binary is one line
         if self._datasets is None:
