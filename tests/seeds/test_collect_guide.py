@@ -45,7 +45,7 @@ SPACE_URL = "https://<user>-<space>.hf.space"
 LOCAL_URL = '"$HARBOR_URL"'
 """What stands for it in the seed: the local harbor serve's URL."""
 OUTPUT_DIR = Path("/tmp/ttt-scripted")
-"""The guide's --output-dir, kept as written (the test clears it before and after)."""
+"""The guide's --output-dir, kept as written (the test clears it before and after, under a lock)."""
 FIELDS = ("episode_id", "messages", "reward", "done", "tool_trace", "metrics", "verify_metrics", "artifacts",
           "task", "extra")  # fmt: skip
 """OpenEnv's EpisodeRecord (openenv/core/harness/collect.py), the guide's field table."""
@@ -140,9 +140,16 @@ def harbor_serve(tmp_path: Path, env: dict[str, str], dataset: str) -> Iterator[
 
 @pytest.fixture
 def guide_output_dir() -> Iterator[Path]:
-    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
-    yield OUTPUT_DIR
-    shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+    """The guide's /tmp/ttt-scripted, empty, held by this test alone (another run of it waits)."""
+    import fcntl
+
+    with OUTPUT_DIR.with_name(f"{OUTPUT_DIR.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
+        try:
+            yield OUTPUT_DIR
+        finally:
+            shutil.rmtree(OUTPUT_DIR, ignore_errors=True)
 
 
 def _rows(out: Path) -> list[dict]:
