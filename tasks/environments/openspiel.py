@@ -12,11 +12,13 @@ action id; a move returns JSON with `action_id`, `legal_actions`, `reward`, `don
 `current_player_id` (and `board`).
 
 The reward is the agent's return when the game ends (tic-tac-toe: 1 win, 0 draw, -1 loss); before the
-end it is None, so an unfinished game is unscoreable, never 0. A move that is not legal, or one after
+end it is None, so an unfinished game is unscoreable, never 0 (a move's JSON shows `reward` 0.0 before
+the end, as OpenEnv's observation does). A move that is not legal, or one after
 the game ended, raises ValueError, which the loop sends back as the tool message (a tool failure).
 
-`openspiel_dataset(game)` is the dataset `--dataset openspiel:<game>` (`tasks.datasets`): one task,
-id `<game>`, that runs this class through the env-factory harness.
+`openspiel_task_dir(game, root)` writes the task of `--dataset openspiel:<game>` (`tasks.datasets`): one
+task, id `<game>`, that runs this class through the env-factory harness, at most `MAX_TURNS` rounds of
+moves (OpenEnv collect's `--max-turns` default).
 """
 
 from __future__ import annotations

@@ -368,6 +368,13 @@ def test_an_openenv_environment_server_as_base_url_is_one_line(tmp_path) -> None
             ["collect", "openspiel:tic_tac_toe", "--base-url", url, "-o", str(out), "--provider", "scripted"],
         )
     _one_line(result, "OpenEnv environment server", "harbor serve --dataset openspiel:tic_tac_toe")
+    from fastapi import FastAPI
+
+    with serve_in_thread(FastAPI()) as url:  # neither harbor nor OpenEnv: every path answers 404
+        result = CliRunner().invoke(
+            app, ["collect", "openspiel:tic_tac_toe", "--base-url", url, "-o", str(out)]
+        )
+    assert "OpenEnv" not in _one_line(result, f"{url} is not a harbor serve: GET /info answered 404")
     assert not out.exists()
 
 
