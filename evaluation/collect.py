@@ -18,10 +18,16 @@ The command is OpenEnv's `openenv collect` (openenv 0.10.0, `openenv/cli/command
 `openenv/core/harness/collect.py` holds its `EpisodeRecord`, `RolloutSerializer` and `CollectRunner`):
 the same files and record fields, ids `<prefix>-<i:06d>`, resume by id, a keep filter, and the
 teachers `scripted`, `openai` and `anthropic` (`openenv/core/llm_client.py`'s `create_llm_client`).
-Where they differ: OpenEnv's scripted teacher plays the first legal move of its games, ours plays the
-built-in environments (`evaluation.scripted`); our `openai` is any OpenAI-compatible `--llm-url`
-(OpenEnv's `--llm-endpoint`); a run without --resume refuses a non-empty results.jsonl instead of
-truncating it; and the keep filter is `reward >= min_reward` (0 by default: OpenEnv's `reward >= 0`).
+OpenEnv's `openspiel:tic_tac_toe` is the dataset `openspiel:GAME` (`tasks.environments.openspiel`, the
+same OpenSpiel game), and the scripted teacher plays its first legal move, as OpenEnv's does; it also
+has scripts for the built-in environments (`evaluation.scripted`). Where they differ: OpenEnv's
+`--base-url` is the game's OpenEnv environment server, which the collect process drives, ours a
+`harbor serve` of the game (`harbor serve --dataset openspiel:tic_tac_toe`), which runs the episodes and
+keeps the teacher's calls in its trace store (an OpenEnv server given there is refused, saying so); our
+`openai` is any OpenAI-compatible `--llm-url` (OpenEnv's `--llm-endpoint`); OpenEnv's CLI resumes by
+default (`--no-resume` moves the old file aside), ours continues only with --resume and otherwise
+refuses a non-empty results.jsonl; and the keep filter is `reward >= min_reward` (0 by default:
+OpenEnv's `reward >= 0`; `--keep-losses`, OpenEnv's flag, is our `--keep-all`).
 """
 
 from __future__ import annotations

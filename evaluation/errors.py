@@ -37,3 +37,7 @@ class UnknownChoice(EvaluationError):
 
 class MissingEngine(EvaluationError, ValueError):
     """A harness that calls a model, run without --llm-url or --model (a ValueError, as it was)."""
+
+
+class NotAHarborServer(EvaluationError):
+    """A `--base-url` that answers, but not as a `harbor serve` (an OpenEnv environment server, say)."""

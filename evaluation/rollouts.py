@@ -20,8 +20,9 @@ from typing import Any
 import httpx
 
 from capture_proxy.models import TrainingTurn
-from evaluation.errors import MissingEngine, UnknownChoice
+from evaluation.errors import MissingEngine, NotAHarborServer, UnknownChoice
 from harbor_server import (
+    BadRolloutRequest,
     CapacityExceeded,
     HarborServer,
     RolloutRequest,
@@ -187,11 +188,32 @@ class RemoteHarbor:
 
     async def __aenter__(self) -> RemoteHarbor:
         try:
-            self.info = await self.client.info()
+            try:
+                self.info = await self.client.info()
+            except BadRolloutRequest as exc:
+                if exc.status != 404:
+                    raise
+                raise await self._not_harbor() from None
         except BaseException:
             await self.client.aclose()
             raise
         return self
+
+    async def _not_harbor(self) -> NotAHarborServer:
+        """The error for a URL without a harbor server's /info; it says so when it is an OpenEnv
+        environment server (its /schema names an action and an observation, `create_app`'s routes)."""
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=10.0) as http:
+                schema = (await http.get("/schema")).json()
+        except (httpx.HTTPError, ValueError):
+            schema = None
+        if isinstance(schema, dict) and {"action", "observation"} <= schema.keys():
+            return NotAHarborServer(
+                f"{self.url} is an OpenEnv environment server, not a harbor serve: the episodes run on a "
+                "harbor serve of the environment (e.g. harbor serve --dataset openspiel:tic_tac_toe); give "
+                "its URL, or no --base-url to run them in this process"
+            )
+        return NotAHarborServer(f"{self.url} is not a harbor serve: GET /info answered 404")
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.client.aclose()

@@ -8,6 +8,11 @@ call is stored as a capture session. Only the "model" is a script:
 - `echo` tool offered: echo the phrase the instruction asks for (the text after its last ": "), once.
 - `guess` tool offered (the word game): guess the first word of `WORDS` consistent with all feedback
   seen so far; the game's own feedback rule decides consistency, so it always wins within six.
+- `play_move` tool offered (an OpenSpiel game, `tasks.environments.openspiel`): the first legal action
+  of the latest observation, as OpenEnv's scripted teacher plays (`openenv collect --provider scripted`,
+  `_build_scripted_model_step` and `_extract_legal_actions` of `openenv/cli/commands/collect.py`,
+  openenv 0.10.0): the last message holding `legal_actions` (a move's JSON result, or the first
+  prompt's `Legal actions: [...]`); no move once the game is over.
 - `bash` offered (a coding harness: mini-swe-agent, opencode): play the task's `solution/solve.sh` as
   the harness's own tool calls (`evaluation.scripted_coding`), when the run gave it the tasks.
 - anything else: answer in plain text that there is no script for these tools (the episode ends).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -89,7 +95,32 @@ def wordle_move(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-SCRIPTS = {"echo": echo_move, "guess": wordle_move}
+_LEGAL_ACTIONS_RE = re.compile(r"Legal actions:\s*\[([^\]]*)\]")
+
+
+def _legal_actions(content: str) -> list[int] | None:
+    """The `legal_actions` a message shows (its JSON's, else a `Legal actions: [...]` line); None: none."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and isinstance(payload.get("legal_actions"), list):
+        return [int(a) for a in payload["legal_actions"]]
+    if match := _LEGAL_ACTIONS_RE.search(content):
+        return [int(a) for a in match.group(1).split(",") if a.strip()]
+    return None
+
+
+def openspiel_move(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """play_move(action_id=<the first legal action>) of the latest observation; None when it has none."""
+    for message in reversed(messages):
+        legal = _legal_actions(_text(message.get("content")))
+        if legal is not None:
+            return {"action_id": legal[0]} if legal else None
+    return None
+
+
+SCRIPTS = {"echo": echo_move, "guess": wordle_move, "play_move": openspiel_move}
 
 
 def scripted_reply(body: dict[str, Any], coding: CodingScripts | None = None) -> dict[str, Any]:

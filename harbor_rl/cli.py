@@ -89,9 +89,12 @@ class HarborGroup(TyperGroup):
             message = user_error_message(exc)
             if message is None or ctx.meta.get("harbor.debug"):
                 raise  # a bug (or --debug): the traceback is what helps
+            from rich.markup import escape
+
             command = " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
             console = _stderr()
-            console.print(f"[bold red]{command}:[/] {message}", highlight=False, markup=True)
+            # The message is text, not markup: `pip install 'harbor-rl[gpu]'` keeps its brackets.
+            console.print(f"[bold red]{command}:[/] {escape(message)}", highlight=False, markup=True)
             console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
             raise typer.Exit(1) from None
 

@@ -16,7 +16,10 @@
   serves them), or rows of the schema below read with `datasets`. REPO is a Hub id, a folder written
   by `Dataset.save_to_disk` / `DatasetDict.save_to_disk`, or a local `.json` / `.jsonl` file of rows;
 - `ORG/NAME` (no such folder): `hf:ORG/NAME`, as OpenEnv's `--dataset` names a Hub dataset; a server
-  also takes the id as the split's name (`split="ORG/NAME"`, OpenEnv's clients).
+  also takes the id as the split's name (`split="ORG/NAME"`, OpenEnv's clients);
+- `openspiel:GAME`: one task, id GAME, that plays the OpenSpiel game through the `env-factory` harness
+  (`tasks.environments.openspiel`, the `openspiel` extra), as OpenEnv's `openenv collect openspiel:GAME`
+  plays it (split: `openspiel:GAME`).
 
 Task ids are stable: the task folder's name, or a row's `task_id`; they are unique within a dataset
 and tasks are ordered by id, so an index means the same task on every load.
@@ -63,6 +66,8 @@ NAMED_DATASETS: dict[str, Path] = {
     "tiny-coding": TINY_CODING_DIR,
 }
 """The datasets shipped with the package, by the name `--dataset` takes (the name is also the split)."""
+OPENSPIEL_PREFIX = "openspiel:"
+"""`openspiel:GAME`, OpenEnv collect's ENV for an OpenSpiel game (`tasks.environments.openspiel`)."""
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache", ".git"}
 
 
@@ -120,7 +125,7 @@ class Dataset:
 def split_name(spec: str) -> str:
     """The split a `--dataset` value is served as when no split is given, without loading it (a job
     launcher names the split of a dataset that only exists on the job's machine)."""
-    if spec in NAMED_DATASETS:
+    if spec in NAMED_DATASETS or spec.startswith(OPENSPIEL_PREFIX):
         return spec
     if spec.startswith("hf:"):
         return spec[3:].partition("@")[2] or "train"
@@ -148,6 +153,11 @@ def load_dataset_spec(
 def _load_spec(spec: str, *, split: str | None, cache_dir: Path | None) -> Dataset:
     if spec in NAMED_DATASETS:
         return load_folder(NAMED_DATASETS[spec], split=split or spec, source=spec)
+    if spec.startswith(OPENSPIEL_PREFIX):
+        from tasks.environments.openspiel import openspiel_task_dir
+
+        folder = openspiel_task_dir(spec.removeprefix(OPENSPIEL_PREFIX), cache_root(cache_dir))
+        return load_folder(folder, split=split or spec, source=spec)
     if spec.startswith("hf:"):
         repo, _, at_split = spec[3:].partition("@")
         if not repo:
@@ -163,7 +173,7 @@ def _load_spec(spec: str, *, split: str | None, cache_dir: Path | None) -> Datas
     names = ", ".join(repr(n) for n in NAMED_DATASETS)
     raise DatasetError(
         f"dataset {spec!r} is neither a named dataset ({names}), a registry dataset NAME@VERSION, "
-        "'hf:REPO[@split]' nor an existing folder"
+        "'hf:REPO[@split]', 'openspiel:GAME' nor an existing folder"
     )
 
 

@@ -2,7 +2,9 @@
 
 OpenEnv's command line (`openenv collect ENV --base-url URL -o DIR -n N --provider scripted|openai|
 anthropic`, openenv 0.10.0 `openenv/cli/commands/collect.py`) works as it is written there: ENV is a
-dataset (what `--dataset` takes), `--base-url` a running `harbor serve`; see `evaluation.collect`."""
+dataset (what `--dataset` takes: OpenEnv's `openspiel:tic_tac_toe` is the OpenSpiel game), `--base-url` a
+running `harbor serve` (`harbor serve --dataset openspiel:tic_tac_toe`) where OpenEnv's is the game's
+OpenEnv environment server; see `evaluation.collect`."""
 
 from __future__ import annotations
 
@@ -63,13 +65,22 @@ def collect_command(
         min=1,
         help="Episodes; episode i runs task i % tasks (default: one per task).",
     ),
-    prefix: str = typer.Option("episode", "--prefix", help="Episode ids are <prefix>-<6 digits>."),
+    prefix: str = typer.Option(
+        "episode",
+        "--prefix",
+        "--episode-id-prefix",
+        help="Episode ids are <prefix>-<6 digits> (OpenEnv's name too).",
+    ),
     max_concurrent: int = typer.Option(4, "--max-concurrent", min=1, help="Episodes running at once."),
     task: list[str] = typer.Option(
         [], "--task", help="Only tasks whose id matches this (an id or an fnmatch pattern). Repeatable."
     ),
     keep_all: bool = typer.Option(
-        False, "--keep-all", help="Keep every episode, unscored ones too, not only reward >= --min-reward."
+        False,
+        "--keep-all",
+        "--keep-losses",
+        help="Keep every episode, losses and unscored ones too, not only reward >= --min-reward "
+        "(--keep-losses: OpenEnv's name).",
     ),
     min_reward: float = typer.Option(0.0, "--min-reward", help="Keep episodes with reward >= this."),
     reward_key: str | None = typer.Option(
