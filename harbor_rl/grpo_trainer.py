@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from harbor_server import HarborSessionFactory
 from harbor_server.client import HarborSession
@@ -72,6 +72,16 @@ class GRPOConfig(AsyncGRPOConfig):
     """Prepended as a system message when a row's prompt has none."""
     episode_timeout_s: float = Field(default=600.0, gt=0)
     """Wall-clock limit of one episode."""
+
+    def __init__(self, **data: Any) -> None:
+        """TRL's `GRPOConfig(**kwargs)`; a field or value that cannot be used is one TrainerConfigError
+        line naming it (not pydantic's multi-line report), as a TRL script constructs it directly."""
+        from harbor_rl.user_errors import validation_message
+
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise TrainerConfigError(f"GRPOConfig: {validation_message(exc)}") from None
 
     def total_steps(self, num_prompts: int) -> int:
         if self.max_steps == -1:

@@ -88,7 +88,8 @@ WHY_NOT = {
     "num_iterations": "each batch of rollouts is trained once, as in TRL's async GRPO",
     "use_vllm": "rollouts are always sampled by an engine server: `vllm serve` or `harbor engine` at "
     "vllm_server_base_url (TRL's model.generate path is not implemented)",
-    "vllm_mode": "only the server mode is implemented: start `vllm serve` (or `harbor engine`) and set "
+    "vllm_mode": "vLLM runs as a server of its own, never inside the training process: leave vllm_mode out "
+    "(the embedded engine serves the model), or start `vllm serve` (or `harbor engine`) and set "
     "vllm_server_base_url",
     "model_init_kwargs": "pass a loaded model (or its folder) as `model` instead",
     "dtype": "pass a loaded model in the dtype you want; `bf16` runs the forward passes in bfloat16",
@@ -127,8 +128,8 @@ def translate_trl_names(data: dict[str, Any], own: Collection[str]) -> dict[str,
                 f"{NEUTRAL_SAMPLING[name]} (only the temperature is a knob)"
             )
     for name, accepted in ACCEPTED_AT.items():
-        if name in data and data.pop(name) not in accepted:
-            raise ValueError(f"{name} other than {accepted[0]!r} is not supported here: {WHY_NOT[name]}")
+        if name in data and (value := data.pop(name)) not in accepted:
+            raise ValueError(f"{name}={value!r} is not supported here, only {accepted[0]!r}: {WHY_NOT[name]}")
     host, port = data.pop("vllm_server_host", None), data.pop("vllm_server_port", None)
     if (host is not None or port is not None) and data.get("vllm_server_base_url") is None:
         data["vllm_server_base_url"] = f"http://{host or 'localhost'}:{port or 8000}"  # TRL: the URL wins

@@ -123,3 +123,16 @@ def test_trls_step_and_length_meanings() -> None:
         30,
         2,
     )
+
+
+def test_a_grpo_config_that_cannot_run_here_is_one_line_naming_the_value() -> None:
+    """TRL scripts construct GRPOConfig(...) directly: its refusals are one TrainerConfigError line, not
+    pydantic's multi-line report."""
+    with pytest.raises(TrainerConfigError) as colocate:
+        GRPOConfig(use_vllm=True, vllm_mode="colocate", max_steps=150)
+    assert "\n" not in str(colocate.value)
+    assert str(colocate.value).startswith(
+        "GRPOConfig: vllm_mode='colocate' is not supported here, only 'server'"
+    )
+    with pytest.raises(TrainerConfigError, match="^GRPOConfig: max_steps: Input should be greater than"):
+        GRPOConfig(max_steps=-2)
