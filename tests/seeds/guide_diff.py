@@ -55,14 +55,22 @@ def short_settings(guide: str | None, ours: str | None) -> bool:
 BASE_RULES: tuple[Rule, ...] = (import_line, hub_model, fewer_rows, short_settings)
 
 
-def changes(guide: str, ours: str) -> list[tuple[str | None, str | None]]:
-    """(guide line, our line) for each line that differs (None on the side that has none)."""
+ELISION = re.compile(r'\s*(\.\.\.|""".* \.\.\.""")')
+"""A line where the guide leaves code out: a `...` body, or a docstring cut short with `...`."""
+
+
+def changes(guide: str, ours: str, fill_elisions: bool = False) -> list[tuple[str | None, str | None]]:
+    """(guide line, our line) for each line that differs (None on the side that has none). With
+    `fill_elisions`, lines that replace a run of the guide's elided lines (ELISION) are not changes: a
+    seed may fill what the guide leaves out, but keeps every line the guide writes."""
     out: list[tuple[str | None, str | None]] = []
     matcher = difflib.SequenceMatcher(a=guide.splitlines(), b=ours.splitlines(), autojunk=False)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             continue
         a, b = matcher.a[i1:i2], matcher.b[j1:j2]
+        if fill_elisions and a and all(ELISION.fullmatch(line) for line in a):
+            continue
         out += [
             (a[k] if k < len(a) else None, b[k] if k < len(b) else None) for k in range(max(len(a), len(b)))
         ]
@@ -73,12 +81,15 @@ def allowed(guide_line: str | None, our_line: str | None, extra: Sequence[Rule] 
     return any(rule(guide_line, our_line) for rule in (*BASE_RULES, *extra))
 
 
-def refused_changes(name: str, extra: Sequence[Rule] = ()) -> list[tuple[str | None, str | None]]:
+def refused_changes(
+    name: str, extra: Sequence[Rule] = (), fill_elisions: bool = False
+) -> list[tuple[str | None, str | None]]:
     """The changes of seed `name` from its guide block that no rule allows (empty: the seed is faithful),
     and a `(None, "preamble binds X")` for each name its preamble defines that the block does not use."""
     guide = (HERE / "guide" / f"{name}.py").read_text()
     preamble, ours = split_seed((HERE / f"{name}.py").read_text())
-    refused = [pair for pair in changes(guide, ours) if not allowed(*pair, extra=extra)]
+    differing = changes(guide, ours, fill_elisions=fill_elisions)
+    refused = [pair for pair in differing if not allowed(*pair, extra=extra)]
     strays = preamble_strays(preamble, ours) if preamble else set()
     return refused + [(None, f"preamble binds {name}") for name in sorted(strays)]
 
