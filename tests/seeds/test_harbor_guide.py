@@ -1,13 +1,14 @@
 """Guide 000's black-box section ("Training on a harness: training a real coding agent (Harbor)"): its
 `HarnessAsyncGRPOTrainer` block and its two command lines run here with their import lines changed, plus
 what cannot run offline: E2B's cloud sandbox becomes the local one, the Hub dataset the `tiny-coding` one
-the server serves, the Hub model `tiny`, and the run is one step long.
+the server serves, the Hub model `tiny`, and the run is one step long with each model call capped at 32 tokens.
 
 The block's server is the guide's `harbor serve` line, run as a subprocess on the guide's ports (8200,
 8300) with `--expose gradio`, whose share server is a stand-in (tests/server/tunnel_stand_ins.py); its
 engine is the guide's `vllm serve` line as `harbor engine tiny`, on vLLM's default port 8000. The agent is
-the real mini-swe-agent in local sandboxes (a rollout takes 4-7 s with the tiny model here: it makes
-three malformed calls and stops with RepeatedFormatError).
+the real mini-swe-agent in local sandboxes: with the tiny model it makes three malformed calls and stops
+(RepeatedFormatError), 4-7 s a rollout on an idle machine here; the whole test takes 40-80 s, and about
+four minutes when other jobs hold the two cores (load 30).
 """
 
 from __future__ import annotations
