@@ -1,19 +1,26 @@
 """Harbor-RL's command line (`harbor`), and the applications built from the other packages: the
 `harbor train` pipeline (`train_pipeline`: embedded engine and server, warm-up, GRPO, evaluations),
-launching on Hugging Face Jobs (`jobs`), and TRL's `GRPOTrainer` / `GRPOConfig` for the white-box
-`environment_factory` path (`grpo_trainer`). It sits on top: nothing else imports it."""
+launching on Hugging Face Jobs (`jobs`), TRL's `GRPOTrainer` / `GRPOConfig` for the white-box
+`environment_factory` path (`grpo_trainer`), and TRL's `HarnessAsyncGRPOTrainer` / `AsyncGRPOConfig` for
+the black-box harness path (`harness_trainer`). It sits on top: nothing else imports it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+_PUBLIC = {
+    "GRPOConfig": "harbor_rl.grpo_trainer",
+    "GRPOTrainer": "harbor_rl.grpo_trainer",
+    "AsyncGRPOConfig": "harbor_rl.harness_trainer",
+    "HarnessAsyncGRPOTrainer": "harbor_rl.harness_trainer",
+}
+__all__ = sorted(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use: `harbor --help` must not pay for torch and the server.
-    if name in __all__:
-        from harbor_rl import grpo_trainer
+    if name in _PUBLIC:
+        import importlib
 
-        return getattr(grpo_trainer, name)
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'harbor_rl' has no attribute {name!r}")

@@ -44,6 +44,7 @@ from harbor_server.client_base import (
     is_prompt,
     prompt_row,
     raise_for_status,
+    task_reference,
     task_selector,
     verify_result,
 )
@@ -191,7 +192,7 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
 
     def create(self, task: TaskRef, seed: int | None = None, episode_id: str | None = None) -> HarborSession:
         """Start a rollout of `task`: an index, an id, a `prompt_rows()` row, or a TRL prompt (chat
-        messages or a string) naming its task by instruction."""
+        messages or a string, or a dataset row holding one) naming its task by instruction."""
         return self.start(self.request(task, seed, episode_id))
 
     def request(
@@ -199,6 +200,7 @@ class HarborSessionFactory(BaseHarborSessionFactory[HarborClient]):
     ) -> RolloutRequest:
         """The request `create` sends for `task`, to change before `start` (e.g. its metadata)."""
         self._resolve_split()
+        task = task_reference(task)
         target = self._tasks().find(task) if is_prompt(task) else task
         return self.config.request(target, seed, episode_id)
 
@@ -364,6 +366,7 @@ class AsyncHarborSessionFactory(BaseHarborSessionFactory[AsyncHarborClient]):
         self, task: TaskRef, seed: int | None = None, episode_id: str | None = None
     ) -> AsyncHarborSession:
         await self._resolve_split()
+        task = task_reference(task)
         target = (await self._tasks()).find(task) if is_prompt(task) else task
         request = self.config.request(target, seed, episode_id)
         backoff = self._backoff(asyncio.get_running_loop().time)

@@ -39,8 +39,9 @@ from harbor_server.models import (
 )
 
 TaskRef = int | str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
-"""A task index, a task id, a row from `prompt_rows()` (its task_id is used), or a TRL prompt: the row's
-chat messages or one string, which name their task by its instruction."""
+"""A task index, a task id, a row from `prompt_rows()` (its task_id is used), a TRL prompt (the row's
+chat messages or one string, which name their task by its instruction), or a TRL dataset row that names
+no task (its `prompt` is used)."""
 
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 """What a task id looks like (tasks.datasets): a string of this shape is an id, any other a prompt."""
@@ -78,6 +79,15 @@ def verify_result(result: RolloutResult) -> VerifyResult:
         "error": result.error,
     }
     return VerifyResult(env_reward=result.env_reward, metrics=metrics)
+
+
+def task_reference(task: TaskRef) -> TaskRef:
+    """What names the task: a dataset row with no task_id or task_index but a `prompt` (a TRL dataset's
+    row, whatever its other columns) is its prompt; anything else names it itself."""
+    names_a_task = isinstance(task, Mapping) and (task.get("task_id") or task.get("task_index") is not None)
+    if isinstance(task, Mapping) and not names_a_task and "prompt" in task:
+        return task["prompt"]
+    return task
 
 
 def is_prompt(task: TaskRef) -> bool:

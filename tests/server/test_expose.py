@@ -32,6 +32,7 @@ from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
 from tests.server.tunnel_stand_ins import (
     CLOUDFLARED_BANNER,
     CLOUDFLARED_OFFLINE,
+    FRPC_LOG,
     QUICK_URL,
     SHARE_URL,
     stand_in_binary,
@@ -192,12 +193,7 @@ def gradio_share_server(tmp_path, monkeypatch):
     api = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=api.serve_forever, daemon=True).start()
     record = tmp_path / "frpc"
-    frpc_log = (
-        "2025/05/01 10:00:00 [I] [root.go:220] start frpc service for config file []\n"
-        "2025/05/01 10:00:00 [I] [service.go:301] [8c1e] login to server success, get run id [8c1e]\n"
-        f"2025/05/01 10:00:00 [I] [control.go:172] [8c1e] [share] start proxy success: {SHARE_URL}\n"
-    )
-    frpc = stand_in_binary(tmp_path / "frpc_stand_in", record, frpc_log, to="stdout", then="exec sleep 600")
+    frpc = stand_in_binary(tmp_path / "frpc_stand_in", record, FRPC_LOG, to="stdout", then="exec sleep 600")
     monkeypatch.setattr(
         networking, "GRADIO_API_SERVER", f"http://127.0.0.1:{api.server_port}/v3/tunnel-request"
     )

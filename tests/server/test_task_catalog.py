@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harbor_server import HarborSessionFactory
-from harbor_server.client_base import TaskCatalog, is_prompt
+from harbor_server.client_base import TaskCatalog, is_prompt, task_reference
 from harbor_server.models import TaskInfo
 
 
@@ -53,3 +53,17 @@ def test_indices_and_num_tasks_cut_what_is_offered() -> None:
 def test_a_task_id_is_not_taken_for_a_prompt() -> None:
     assert not is_prompt("fix-pagination") and not is_prompt(3) and not is_prompt({"task_id": "x"})
     assert is_prompt("Fix the pagination bug") and is_prompt([{"role": "user", "content": "x"}])
+
+
+def test_a_trl_dataset_row_that_names_no_task_stands_for_its_prompt() -> None:
+    """TRL's harness trainer hands the factory `row["prompt"]`; ours hands it the row, which a TRL
+    dataset fills with a prompt and columns of its own, and no task id."""
+    messages = [{"role": "user", "content": "Fix the parser."}]
+    row = {"prompt": messages, "difficulty": "easy"}
+    assert task_reference(row) is messages and is_prompt(task_reference(row))
+    catalog = TaskCatalog(TASKS, num_tasks=None, indices=None)
+    assert catalog.find(task_reference(row)).task_id == "a"
+    # A row that names its task keeps naming it, whatever its prompt says.
+    assert task_reference({"prompt": messages, "task_id": "b"}) == {"prompt": messages, "task_id": "b"}
+    assert task_reference({"prompt": messages, "task_index": 0}) == {"prompt": messages, "task_index": 0}
+    assert task_reference({"difficulty": "easy"}) == {"difficulty": "easy"}

@@ -26,6 +26,12 @@ CLOUDFLARED_OFFLINE = """\
 failed to request quick Tunnel: Post "https://api.trycloudflare.com/tunnel": dial tcp: lookup api.trycloudflare.com: no such host
 """
 SHARE_URL = "https://0a1b2c3d4e5f6a7b8c.gradio.live"
+FRPC_LOG = (
+    "2025/05/01 10:00:00 [I] [root.go:220] start frpc service for config file []\n"
+    "2025/05/01 10:00:00 [I] [service.go:301] [8c1e] login to server success, get run id [8c1e]\n"
+    f"2025/05/01 10:00:00 [I] [control.go:172] [8c1e] [share] start proxy success: {SHARE_URL}\n"
+)
+"""What gradio's frpc logs on stdout once the share server has accepted it."""
 
 
 def stand_in_binary(path: Path, record: Path, output: str, *, to: str, then: str) -> Path:
