@@ -78,13 +78,15 @@ def test_the_mask_step_gives_spans_only_for_causal_rows() -> None:
     rows = torch.tensor([[0, 0, 0, 1, 2, 2, 2, 2]])
 
     def packed(mask):
-        return and_masks(remap_positions_for_packed_sequence(mask, position_ids), packed_sequence_mask_function(rows))
+        causal_in_rows = remap_positions_for_packed_sequence(mask, position_ids)
+        return and_masks(causal_in_rows, packed_sequence_mask_function(rows))
 
     assert row_spans(packed(causal_mask_function), 8, "cpu") == RowSpans(((0, 3), (3, 4), (4, 8)))
     assert row_spans(causal_mask_function, 8, "cpu") == RowSpans(((0, 8),))
     assert row_spans(packed(sliding_window_causal_mask_function(2)), 8, "cpu") is None  # row 3 is 4 long
     assert row_spans(lambda b, h, q, kv: q >= 0, 8, "cpu") is None  # bidirectional
-    assert row_spans(packed(sliding_window_causal_mask_function(4)), 8, "cpu") is not None  # rows fit the window
+    fits = packed(sliding_window_causal_mask_function(4))  # every row fits the window: causal rows
+    assert row_spans(fits, 8, "cpu") == RowSpans(((0, 3), (3, 4), (4, 8)))
 
 
 def _trainer(model, tmp_path, **kwargs) -> HarnessAsyncGRPOTrainer:
