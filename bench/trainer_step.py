@@ -1,8 +1,9 @@
 """Trainer step benchmark: packed tokens vs unique tokens for long multi-turn rollouts, training
-tokens/s of padding-free vs padded batches, and the step with the lm head at the trained tokens only vs
-over every position, measured side by side in one run on the tiny model.
+tokens/s of padding-free vs padded batches, the step with the lm head at the trained tokens only vs
+over every position, and packed rows under `document_sdpa` vs sdpa's dense block-diagonal mask vs padded
+batches, measured side by side in one run on the tiny model.
 
-    python bench/trainer_step.py [--quick] [--logits-only]
+    python bench/trainer_step.py [--quick] [--logits-only | --attention-only]
 
 A rollout of N turns grows the way an agent's conversation does: each call's prompt is the previous
 call's prompt + completion + a tool output. Rows come from `capture_proxy.rows.build_training_rows`
@@ -28,6 +29,7 @@ from capture_proxy.models import TrainingTrace  # noqa: E402
 from capture_proxy.rows import build_training_rows  # noqa: E402
 from engine.tiny_model import build_tiny_model, load_model_and_tokenizer  # noqa: E402
 from trainer import grpo  # noqa: E402
+from trainer.attention import ATTENTION, register  # noqa: E402
 from trainer.config import AsyncGRPOConfig  # noqa: E402
 from trainer.grpo import HarnessAsyncGRPOTrainer  # noqa: E402
 from trainer.logprobs import TokenLogprobs, _cache_argument, shared_prefix_length, token_logprobs  # noqa: E402
@@ -227,12 +229,15 @@ def full_logits_logprobs(
     )
 
 
-def agent_items(rollouts: int, prompt: int, rng: random.Random) -> list[TrainItem]:
+def agent_items(rollouts: int, prompt: int, rng: random.Random, shared: bool = True) -> list[TrainItem]:
     """One group of an agent task: every rollout starts with the same long first prompt, then turns of
-    a short trained completion and a longer untrained tool output (mini-swe-agent's shape)."""
+    a short trained completion and a longer untrained tool output (mini-swe-agent's shape). With
+    `shared` False each rollout has a first prompt of its own (rollouts of different tasks)."""
     first = [rng.randrange(10, 4000) for _ in range(prompt)]
     items = []
     for i in range(rollouts):
+        if not shared and i:
+            first = [rng.randrange(10, 4000) for _ in range(prompt)]
         ids, mask = list(first), [0] * prompt
         for _ in range(2 + i % 5):
             ids += [rng.randrange(10, 4000) for _ in range(AGENT_COMPLETION + AGENT_TOOL)]
@@ -265,8 +270,9 @@ def logits_table(rollouts: int, prompt: int, repeats: int, device: str, bf16: bo
     impls = {"all positions": full_logits_logprobs, "trained tokens": token_logprobs}
     trainers = {}
     for padding_free in (True, False):
-        # One row a pack: a pack of all eight (~13k tokens) pays attention over the whole pack, ~12x the
-        # padded step, which is what padding_free's doc warns of, not what this table measures.
+        # One row a pack: a pack of all eight (~13k tokens) paid attention over the whole pack under
+        # sdpa's dense mask, ~12x the padded step, which is not what this table measures (see
+        # attention_table for packs under document_sdpa).
         config = AsyncGRPOConfig(num_generations=1, per_device_train_batch_size=rollouts, padding_free=padding_free,
                                  max_tokens_per_batch=max(lengths) if padding_free else None,
                                  learning_rate=1e-7, report_to="none", bf16=bf16,
@@ -309,6 +315,80 @@ def logits_table(rollouts: int, prompt: int, repeats: int, device: str, bf16: bo
     return table
 
 
+ATTENTION_LAYOUTS = {
+    "packed, document_sdpa": (True, ATTENTION),
+    "packed, sdpa dense mask": (True, "sdpa"),
+    "padded": (False, "sdpa"),
+}
+"""Label -> (padding_free, the model's attention implementation for the step)."""
+
+
+def attention_table(rollouts: int, prompt: int, repeats: int, device: str, bf16: bool, shared: bool) -> Table:
+    """One pack of all the rows under document_sdpa (a sdpa call per row) vs the same pack under sdpa's
+    dense block-diagonal mask (the path before it) vs padded batches (whose rows run a shared prompt
+    once, trainer.logprobs), interleaved repeat by repeat on one torch thread; CPU time compares."""
+    torch.set_num_threads(1)
+    model = bench_model("tiny", device)
+    register()
+    items = agent_items(rollouts, prompt, random.Random(2), shared=shared)
+    trained = sum(item.row.num_trained_tokens for item in items)
+    lengths = [item.num_tokens for item in items]
+    what = f"sharing a {prompt}-token prompt" if shared else f"each with its own {prompt}-token prompt"
+    table = Table(
+        title=f"Training step, tiny model on {device}{' bf16' if bf16 else ''}, agent rows: {rollouts} rollouts "
+        f"of {min(lengths)}-{max(lengths)} tokens {what}, {trained} trained tokens (packed: one pack of all)"
+    )
+    for col in ("batches", "tokens in batch", "step s", "CPU s", "training tok/s", "speed vs padded",
+                "CPU vs padded", "CPU vs dense"):  # fmt: skip
+        table.add_column(col, justify="right")
+    trainers = {}
+    for label, (padding_free, _) in ATTENTION_LAYOUTS.items():
+        config = AsyncGRPOConfig(num_generations=1, per_device_train_batch_size=rollouts, padding_free=padding_free,
+                                 packed_attention="model", learning_rate=1e-7, report_to="none", bf16=bf16,
+                                 vllm_server_base_url=None)  # fmt: skip
+        trainers[label] = HarnessAsyncGRPOTrainer(model, lambda **_: None, config, train_dataset=[{}])
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in trainers}
+    in_batch = {}
+    for rep in range(repeats + 1):  # the first round warms up (allocator, kernels) and is not kept
+        for label, kept in times.items():
+            model.set_attn_implementation(ATTENTION_LAYOUTS[label][1])
+            batches = trainers[label]._micro_batches(items)
+            in_batch[label] = sum(b.input_ids.numel() for b in batches)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0, c0 = time.perf_counter(), time.process_time()
+            trainers[label]._optimize(items)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            if rep:
+                kept.append((time.perf_counter() - t0, time.process_time() - c0))
+            print(f"  {label}: {time.perf_counter() - t0:.2f} s", file=sys.stderr, flush=True)
+
+    def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+        return tuple(sorted(column)[len(column) // 2] for column in zip(*runs, strict=True))
+
+    real = sum(lengths)
+    (pad_wall, pad_cpu), (_, dense_cpu) = medians(times["padded"]), medians(times["packed, sdpa dense mask"])
+    for label, kept in times.items():
+        wall, cpu = medians(kept)
+        table.add_row(label, f"{in_batch[label]:,}", f"{wall:.3f}", f"{cpu:.3f}", f"{real / wall:,.0f}",
+                      f"{pad_wall / wall:.2f}x", f"{pad_cpu / cpu:.2f}x", f"{dense_cpu / cpu:.2f}x")  # fmt: skip
+    got = {}
+    for label, (padding_free, impl) in ATTENTION_LAYOUTS.items():
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            batch = grpo._to(pack(items, padding_free=padding_free), torch.device(device))
+            lp = token_logprobs(model, batch).logps
+            got[label] = lp[batch.loss_mask.bool()] if padding_free else torch.cat(
+                [lp[i][batch.loss_mask[i].bool()] for i in range(batch.num_sequences)])  # fmt: skip
+    gaps = {label: float((got["packed, document_sdpa"] - v).abs().max()) for label, v in got.items()}
+    table.caption = (
+        f"medians of {repeats} interleaved steps; max |logp document_sdpa - logp| on trained tokens: "
+        f"{gaps['packed, sdpa dense mask']:.2e} vs the dense mask, {gaps['padded']:.2e} vs padded"
+    )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer turns and repeats (a smoke run)")
@@ -319,8 +399,21 @@ def main() -> None:
     parser.add_argument(
         "--logits-only", action="store_true", help="only the trained-tokens vs all-positions table"
     )
+    parser.add_argument(
+        "--attention-only", action="store_true",
+        help="only the document_sdpa vs dense-mask vs padded tables (one pack of all the rows)",
+    )  # fmt: skip
     args = parser.parse_args()
     console = Console(width=150)
+    attention = [
+        attention_table(rollouts=4 if args.quick else 8, prompt=400 if args.quick else 1300,
+                        repeats=1 if args.quick else 3, device=args.device, bf16=args.bf16, shared=shared)
+        for shared in (True, False)
+    ]  # fmt: skip
+    if args.attention_only:
+        for table in attention:
+            console.print(table)
+        return
     logits = logits_table(rollouts=4 if args.quick else 8, prompt=400 if args.quick else 1300,
                           repeats=1 if args.quick else 3, device=args.device, bf16=args.bf16)  # fmt: skip
     if args.logits_only:
@@ -331,6 +424,8 @@ def main() -> None:
                                    repeats=1 if args.quick else 3, shape=args.shape, device=args.device,
                                    bf16=args.bf16))  # fmt: skip
     console.print(logits)
+    for table in attention:
+        console.print(table)
     console.print(
         "[dim]training tok/s: real (non-padding) tokens per second of forward + backward + optimizer step.[/]"
     )

@@ -89,8 +89,8 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
     # warm-up leaves the policy calling the tool in ~1 of 5 rollouts; at 2e-4 a few noisy early updates
     # could push that to none, where every group scores 0 and nothing is learned again (5 of 11 runs
     # collapsed so, at step 6 or 7). 1e-4 walks less far per step and still gains ~0.3 in 40 steps
-    # (README). Padded batches, not packs: with sdpa a pack of 16 rollouts pays attention over its whole
-    # length squared.
+    # (README). Padded batches, not packs: a group's rollouts share their task's prompt, which a padded
+    # batch runs once; packs (document_sdpa) of such rows took 2.1x its CPU time (bench/trainer_step.py).
     "num_generations": 8, "per_device_train_batch_size": 16, "max_concurrent_rollouts": 16,
     "max_steps": 40, "learning_rate": 1e-4, "max_completion_length": 64, "max_staleness": 1,
     "padding_free": False, "output_dir": "runs/train-embedded",

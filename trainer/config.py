@@ -109,10 +109,18 @@ class AsyncGRPOConfig(BaseModel):
     """Token budget of one forward pass; a micro-batch larger than this is split (None: no budget)."""
     padding_free: bool = True
     """Pack rows into one sequence with per-row position ids; False pads them into a (rows, length) batch.
-    Packing wastes no token on padding, but with `sdpa`/`eager` attention transformers builds a
-    block-diagonal mask over the whole pack, so attention costs (pack length)^2: measured on an H200
-    (bench/trainer_step.py, 185M model, 8 rollouts of up to 20 turns) packed steps ran 0.8x the speed of
-    padded ones. Bound packs with `max_tokens_per_batch`, or use a varlen (flash-attention) kernel."""
+    Packing wastes no token on padding; its attention stays inside each row by `packed_attention`. A
+    model with no such attention (`eager`, a custom one) trains padded batches instead, with a warning.
+    Padded batches run a prompt their rows share once (trainer.logprobs): on a CPU, 8 agent rows of one
+    task trained 2.1x faster padded than packed, and rows of different tasks about as fast either way
+    (bench/trainer_step.py --attention-only), which is why `harbor train` pads."""
+    packed_attention: Literal["documents", "model"] = "documents"
+    """How packed rows attend. `documents`: an `sdpa` model gets `document_sdpa` (trainer.attention),
+    `sdpa` run once per row of the pack; flash-attention and flex_attention models keep theirs (they
+    read the rows from the position ids). `model`: the model's own implementation as loaded; with
+    `sdpa`/`eager` transformers builds a dense (pack length)^2 block-diagonal mask, which ran 0.81x the
+    speed of padded batches on an H200 and took 5.7-6.1x the CPU time of `documents` for a pack of 8
+    agent rows (~13k tokens) on a CPU."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the policy trains: `auto` is CUDA when torch sees a GPU, else the CPU; `cuda` without a GPU
     is an error. Under `accelerate launch` each process takes its own GPU (accelerate's placement)."""

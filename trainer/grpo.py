@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from trainer.advantages import group_advantages
+from trainer.attention import attention_implementation, use_document_attention
 from trainer.checkpoints import load_checkpoint, resolve_checkpoint, save_checkpoint
 from trainer.completions import CompletionLog
 from trainer.config import AsyncGRPOConfig
@@ -95,6 +96,9 @@ class HarnessAsyncGRPOTrainer:
         if not train_dataset:
             raise TrainerConfigError("train_dataset is empty: the trainer needs prompt rows to roll out")
         self.model, tokenizer = _load_model(model)
+        self.padding_free = self._packs()
+        """Whether micro-batches are packed: `padding_free`, unless the model has no attention that keeps
+        packed rows apart without a dense mask (then padded, with a warning)."""
         self.placement = resolve_placement(self.args.device, self.args.bf16)
         self.processes = processes or processes_from_env(
             self.args.distributed_strategy, self.placement.device
@@ -370,17 +374,31 @@ class HarnessAsyncGRPOTrainer:
             stats["rollout/correctness_mean"] = _mean(env_rewards)
         return items, {k: v for k, v in stats.items() if v is not None}
 
+    def _packs(self) -> bool:
+        args = self.args
+        if not args.padding_free or args.packed_attention == "model":
+            return args.padding_free
+        impl = attention_implementation(self.model)
+        if impl is None or use_document_attention(self.model):  # None: not a transformers model, as it is
+            return True
+        log.warning(
+            "padding_free: the model's %r attention would keep packed rows apart with a dense (pack "
+            "length)^2 mask, so the trainer pads batches instead; load it with attn_implementation='sdpa' "
+            "to pack, or set packed_attention='model' to pack with that mask", impl,
+        )  # fmt: skip
+        return False
+
     def _micro_batches(self, items: list[TrainItem]) -> list[Batch]:
         """Micro-batches of per_device_train_batch_size rows, each cut further by the token budget.
         Padded micro-batches take rows that share their prompt together, so it runs once per batch."""
         args = self.args
         size = args.per_device_train_batch_size
-        if args.padding_free:
+        if self.padding_free:
             chunks = [items[i : i + size] for i in range(0, len(items), size)]
         else:
             chunks = chunk_by_prefix(items, size, SHARED_PREFIX_MIN_TOKENS)
         packed = (
-            pack(b, padding_free=args.padding_free, pad_token_id=self._pad_id())
+            pack(b, padding_free=self.padding_free, pad_token_id=self._pad_id())
             for chunk in chunks
             for b in split_by_tokens(chunk, args.max_tokens_per_batch)
         )

@@ -3,6 +3,8 @@
 Padding-free (default): the rows of a micro-batch are concatenated into one (1, T) sequence whose
 position ids restart at 0 for each row; transformers reads the restarts as sequence boundaries and
 keeps attention inside each row (`find_packed_sequence_indices`), so no token is wasted on padding.
+With `sdpa` it does so with a dense (T, T) mask; the trainer gives such models `document_sdpa`
+(trainer.attention), which runs attention row by row instead.
 Padded: a (rows, longest) batch with an attention mask, for models that do not support packing.
 
 Every per-token tensor is aligned with `input_ids`: position t holds the loss mask, the engine's
