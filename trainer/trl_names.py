@@ -147,7 +147,17 @@ def translate_trl_names(data: dict[str, Any], own: Collection[str]) -> dict[str,
                 or "remove it: this trainer has no such setting (its fields: AsyncGRPOConfig)"
             )
             raise ValueError(f"{name} (a TRL GRPOConfig field) is not supported here: {why}")
+        raise ValueError(
+            f"{name} is not a setting of this trainer (nor of TRL's GRPOConfig){_did_you_mean(name, own)}"
+        )
     return data
+
+
+def _did_you_mean(name: str, own: Collection[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, [*own, *RENAMED], n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _put(data: dict[str, Any], name: str, value: Any, given_as: str) -> None:

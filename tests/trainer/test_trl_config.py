@@ -93,6 +93,9 @@ def test_a_trl_grpo_config_with_its_vllm_server_names_runs_here() -> None:
         ("num_iterations", 2, "num_iterations=2 is not supported here, only 1"),
         ("vllm_gpu_memory_utilization", 0.3, "set it on the engine: `vllm serve --gpu-memory-utilization`"),
         ("vespo_k_pos", 1.0, r"vespo_k_pos \(a TRL GRPOConfig field\) is not supported here: remove it"),
+        ("learning_rat", 1e-4, "learning_rat is not a setting .*; did you mean learning_rate\\?"),
+        ("vllm_importance_sampling_mod", "none", "did you mean vllm_importance_sampling_mode\\?"),
+        ("frobnicate", 1, r"frobnicate is not a setting of this trainer \(nor of TRL's GRPOConfig\)$"),
     ],
 )
 def test_a_trl_field_or_value_without_a_counterpart_is_one_line(field, value, message) -> None:
