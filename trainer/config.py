@@ -258,8 +258,13 @@ class AsyncGRPOConfig(BaseModel):
         try:
             return cls(**data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']} (got {e.get('input')!r})"
-                for e in exc.errors()
-            )
+            problems = "; ".join(_problem(e) for e in exc.errors())
             raise TrainerConfigError(f"invalid trainer settings in {where}: {problems}") from exc
+
+
+def _problem(error: Any) -> str:
+    """One pydantic error as `field: problem (got value)`; a whole-config one (a name or value refused by
+    translate_trl_names) is its message alone, which names the field itself."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {message} (got {error.get('input')!r})" if where else message
