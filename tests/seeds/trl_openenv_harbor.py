@@ -1,4 +1,5 @@
 import json
+import threading
 from pathlib import Path
 
 from datasets import Dataset
@@ -13,21 +14,25 @@ dataset = Dataset.from_list(
     [{"prompt": row["prompt"]} for row in HarborSessionFactory("http://localhost:8200", split="tiny-coding").prompt_rows()]
 )
 
+_one_at_a_time = threading.Lock()
+
 
 def my_reward(outcome):
     """As the Harbor example: the verifier's correctness is the signal, plus a small tool-efficiency bonus
     only when the task is solved; None (unscoreable) when the verifier gave no reward. It also marks the
     first rollout it sees unscoreable, so the test sees that rollout leave its group's baseline, and
     notes what it was given and what it returned in outcomes.jsonl."""
-    try:  # created by exactly one rollout, even when several finish at once
-        Path("outcomes.jsonl").open("x").close()
-        first = True
-    except FileExistsError:
-        first = False
-    if first or outcome.env_reward is None:
-        reward = None
-    else:
-        reward = outcome.env_reward + (0.1 / (1 + outcome.tool_call_count) if outcome.env_reward >= 1.0 else 0.0)
+    with _one_at_a_time:  # rollouts finish on several threads: the first to get here is line 1
+        first = not Path("outcomes.jsonl").exists()
+        if first or outcome.env_reward is None:
+            reward = None
+        else:
+            reward = outcome.env_reward + (0.1 / (1 + outcome.tool_call_count) if outcome.env_reward >= 1.0 else 0.0)
+        _note(outcome, reward)
+    return reward
+
+
+def _note(outcome, reward):
     with Path("outcomes.jsonl").open("a") as out:
         out.write(json.dumps({
             "env_reward": outcome.env_reward,
@@ -39,7 +44,6 @@ def my_reward(outcome):
             "timed_out": outcome.timed_out,
             "reward": reward,
         }) + "\n")
-    return reward
 
 
 # -- the guide's block --
