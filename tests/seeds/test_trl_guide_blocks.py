@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import runpy
-import threading
-import time
 
 import pytest
 
@@ -94,11 +92,10 @@ def test_server_concurrency_serves_as_many_sessions_as_declared() -> None:
     """The guide: by default an OpenEnv server allows one session; an environment that declares
     SUPPORTS_CONCURRENT_SESSIONS, served with max_concurrent_envs=64, holds one session per generation.
     Run with OpenEnv's own create_app, server and client (openenv 0.10.0)."""
-    import uvicorn
     from openenv.core.env_server import ConcurrencyConfigurationError, create_app
     from openenv.core.generic_client import GenericEnvClient
 
-    from harbor_server import free_port
+    from engine.in_process import serve_in_thread
 
     source = (HERE / "trl_openenv_concurrency.py").read_text()
     assert "    SUPPORTS_CONCURRENT_SESSIONS: bool = True\n" in source  # the guide's step 1, verbatim
@@ -111,30 +108,21 @@ def test_server_concurrency_serves_as_many_sessions_as_declared() -> None:
         create_app(Undeclared, seed["MyAction"], seed["MyObservation"], max_concurrent_envs=64)
 
     def sessions_held(app, n: int) -> int:
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
         clients, held = [], 0
-        try:
-            for _ in range(n):  # all open at once, as one generation batch's environments are
-                client = GenericEnvClient(base_url=url).sync()
-                clients.append(client)
-                try:
-                    client.reset()
-                    result = client.step({"message": "hello"})
-                except Exception:  # noqa: BLE001 - the server refused the session: not held
-                    continue
-                held += result.observation["echoed"] == "hello"
-        finally:
-            for client in clients:
-                client.close()
-            server.should_exit = True
-            thread.join(timeout=10)
+        with serve_in_thread(app, start_timeout_s=30) as url:
+            try:
+                for _ in range(n):  # all open at once, as one generation batch's environments are
+                    client = GenericEnvClient(base_url=url).sync()
+                    clients.append(client)
+                    try:
+                        client.reset()
+                        result = client.step({"message": "hello"})
+                    except Exception:  # noqa: BLE001 - the server refused the session: not held
+                        continue
+                    held += result.observation["echoed"] == "hello"
+            finally:
+                for client in clients:
+                    client.close()
         return held
 
     assert sessions_held(seed["app"], 3) == 3
