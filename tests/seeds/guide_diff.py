@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
@@ -146,3 +147,15 @@ def preamble_strays(preamble: str, block: str) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             bound |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
     return {n for n in bound - free_names(block) if not n.startswith("_")}
+
+
+def seed_functions(name: str) -> dict[str, Any]:
+    """The functions seed `name`'s block defines, without running the rest of it (a training, say)."""
+    import ast
+
+    _, block = split_seed((HERE / f"{name}.py").read_text())
+    tree = ast.parse(block)
+    tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    namespace: dict[str, Any] = {}
+    exec(compile(tree, f"{name}.py", "exec"), namespace)
+    return namespace

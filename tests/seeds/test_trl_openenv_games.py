@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.seeds.guide_diff import HERE, Rule, changes, refused_changes, run_seed, split_seed
+from tests.seeds.guide_diff import HERE, Rule, changes, refused_changes, run_seed, seed_functions
 
 OFFLINE = HERE / "offline"
 
@@ -135,16 +135,6 @@ def seed_module(name: str) -> Any:
     """A seed as a module (its stand-ins on the path: the `offline` fixture)."""
     sys.modules.pop(f"tests.seeds.{name}", None)
     return importlib.import_module(f"tests.seeds.{name}")
-
-
-def seed_functions(name: str) -> dict[str, Any]:
-    """The functions a seed's block defines, without running the rest of it (the training)."""
-    _, block = split_seed((HERE / f"{name}.py").read_text())
-    tree = ast.parse(block)
-    tree.body = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
-    namespace: dict[str, Any] = {}
-    exec(compile(tree, f"{name}.py", "exec"), namespace)
-    return namespace
 
 
 FEEDBACK = re.compile(r"Feedback:\n([A-Z ]+)\n([GYX ]+)")

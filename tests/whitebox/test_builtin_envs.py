@@ -143,17 +143,15 @@ async def test_coding_environment_needs_a_sandbox():
 
 
 async def test_the_trl_guides_wordle_reward_functions_run_on_it_unchanged():
-    """TRL's OpenEnv guide (the Wordle section) scores its WordleEnv with these three functions, verbatim;
-    ours has the attributes they read and the tool argument its prompt asks for (`guess`)."""
+    """TRL's OpenEnv guide (the Wordle section) scores its WordleEnv with three functions; they run, as the
+    guide's seed has them (tests/seeds), on ours, which has the attributes they read and the tool argument
+    its prompt asks for (`guess`)."""
+    from tests.seeds.guide_diff import seed_functions
 
-    def reward_win(environments, **kwargs) -> list[float]:
-        return [1.0 + 0.5 * (1 - env.num_guesses / 6) if env.won else 0.0 for env in environments]
-
-    def reward_partial(environments, **kwargs) -> list[float]:
-        return [0.0 if env.won else 0.1 * env.best_greens for env in environments]
-
-    def reward_invalid(environments, **kwargs) -> list[float]:
-        return [-0.1 * env.invalid_moves for env in environments]
+    guide = seed_functions("trl_openenv_wordle_train")
+    reward_win, reward_partial, reward_invalid = (
+        guide[n] for n in ("reward_win", "reward_partial", "reward_invalid")
+    )
 
     factory = EnvironmentFactory(WordleEnv)
     win, lose = factory.create(), factory.create()
