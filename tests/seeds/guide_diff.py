@@ -8,12 +8,14 @@ seed; a seed whose guide needs one more offline change passes its own rule, name
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
+import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +161,47 @@ def seed_functions(name: str) -> dict[str, Any]:
     namespace: dict[str, Any] = {}
     exec(compile(tree, f"{name}.py", "exec"), namespace)
     return namespace
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float, log: Path | None = None) -> None:
+    """Until `url` answers 200; fails when `process` exits first (with `log`'s tail) or time runs out."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None:
+            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise AssertionError(
+                f"{' '.join(map(str, process.args))} exited with {process.returncode}\n{tail}"
+            )
+        assert time.monotonic() < deadline, f"{url} did not answer in {timeout_s:.0f} s"
+        time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def running(
+    argv: list[str], env: dict[str, str], log: Path, health: str, cwd: Path | None = None
+) -> Iterator[subprocess.Popen]:
+    """A guide's command as a subprocess (its output in `log`) until it answers `health`; stopped with
+    SIGINT (Ctrl-C, as a user stops it), then waited for: it must stop within 60 s."""
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(health, process, timeout_s=120, log=log)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise AssertionError(f"{argv[:3]} did not stop on SIGINT within 60 s") from None

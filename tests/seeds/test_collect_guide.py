@@ -28,15 +28,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
-from tests.seeds.guide_diff import HERE, ROOT, changes
+from tests.seeds.guide_diff import HERE, ROOT, changes, running
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -113,29 +111,11 @@ def harbor_serve(tmp_path: Path, env: dict[str, str], dataset: str) -> Iterator[
     from harbor_server import free_port
 
     port, capture_port = free_port(), free_port()
-    log = (tmp_path / "serve.log").open("w")
     command = ["harbor", "serve", "--dataset", dataset, "--port", str(port), "--capture-port",
                str(capture_port), "--store", f"sqlite:///{tmp_path}/server.db"]  # fmt: skip
-    server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "harbor serve did not start"
-            time.sleep(0.3)
+    with running(command, env, tmp_path / "serve.log", f"{url}/health", cwd=tmp_path):
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 @pytest.fixture

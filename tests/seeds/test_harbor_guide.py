@@ -13,23 +13,20 @@ four minutes when other jobs hold the two cores (load 30).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.seeds.guide_diff import HERE, allowed, changes, refused_changes, run_seed
+from tests.seeds.guide_diff import HERE, allowed, changes, refused_changes, run_seed, running, wait_for
 from tests.server.tunnel_stand_ins import FRPC_LOG, SHARE_URL, stand_in_binary
 
 SEED = "trl_openenv_harbor"
@@ -221,7 +218,7 @@ def test_the_guides_vllm_serve_line_serves_and_takes_a_push() -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(f"{url}/health", process, timeout_s=120)
+        wait_for(f"{url}/health", process, timeout_s=120)
         config = httpx.get(f"{url}/server_info", params={"config_format": "json"}).json()["vllm_config"]
         assert config["model_config"]["dtype"] == "torch.bfloat16"
         assert config["weight_transfer_config"] == {"backend": "gloo"}
@@ -296,39 +293,6 @@ def _port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_for(url: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, f"{process.args[3]} exited with {process.returncode}"
-        assert time.monotonic() < deadline, f"{url} did not answer in {timeout_s:.0f} s"
-        time.sleep(0.5)
-
-
-@contextlib.contextmanager
-def _running(env: dict[str, str], argv: list[str], log: Path, health: str) -> Iterator[subprocess.Popen]:
-    """`argv` as a subprocess (its output in `log`) until it answers `health`; stopped with SIGINT (Ctrl-C,
-    as a user stops it), then waited for: it must exit cleanly."""
-    with log.open("w") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for(health, process, timeout_s=120)
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise AssertionError(f"{argv[3]} did not stop on SIGINT within 60 s") from None
-
-
 def _gradio_share_stand_in(tmp_path: Path) -> dict[str, str]:
     """The environment under which gradio's own tunnel code meets a stand-in share server: gradio takes a
     self-hosted share server from GRADIO_SHARE_SERVER_ADDRESS (no call to Gradio's API server), and runs
@@ -357,10 +321,10 @@ def test_the_guides_commands_serve_and_its_block_trains_against_them(tmp_path) -
     serve_env = base | serve_env | _gradio_share_stand_in(tmp_path)
     started = time.monotonic()
     with (
-        _running(
-            base | engine_env, engine_argv, tmp_path / "engine.log", "http://127.0.0.1:8000/health"
+        running(
+            engine_argv, base | engine_env, tmp_path / "engine.log", "http://127.0.0.1:8000/health"
         ) as engine,
-        _running(serve_env, serve_argv, tmp_path / "serve.log", "http://127.0.0.1:8200/health") as server,
+        running(serve_argv, serve_env, tmp_path / "serve.log", "http://127.0.0.1:8200/health") as server,
     ):
         frpc = int((tmp_path / "frpc.pid").read_text())  # the tunnel's frpc (the stand-in) runs
         info = httpx.get("http://127.0.0.1:8200/info", timeout=30).json()
