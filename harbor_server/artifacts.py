@@ -61,9 +61,9 @@ async def collect_artifacts(
 
 
 async def _copy(sandbox: Sandbox, entry: ArtifactConfig, target: Path, record: dict) -> None:
-    probe = await sandbox.exec(["test", "-d", entry.source], user="root", timeout_s=30.0)
     try:
-        if probe.exit_code == 0:
+        found = await sandbox.stat_path(entry.source)
+        if found is not None and found.kind == "dir":
             record["type"] = "directory"
             await sandbox.download_dir(entry.source, target)
             _drop_excluded(target, entry.exclude)

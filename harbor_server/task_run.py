@@ -123,8 +123,7 @@ class TaskRun:
 
     async def run(self) -> TaskRunResult:
         env = self.task.config.environment
-        await self.sandbox.exec(["mkdir", "-p", *LOG_DIRS], user="root", timeout_s=30.0)
-        await self.sandbox.exec(["chmod", "777", *LOG_DIRS], user="root", timeout_s=30.0)
+        await self.sandbox.make_dirs(list(LOG_DIRS), mode=0o777)
         phases: list[PhaseResult] = []
         try:
             await self._healthcheck(env.healthcheck, "[environment] healthcheck")
@@ -223,10 +222,8 @@ class TaskRun:
             return
         entries = list(self.task.config.artifacts) + (list(step.config.artifacts) if step else [])
         if not entries:  # only the convention folder: skip a rollout that published nothing there
-            probe = await self.sandbox.exec(
-                ["bash", "-c", f'[ -n "$(ls -A {ARTIFACTS_CONVENTION_DIR} 2>/dev/null)" ]'], user="root"
-            )
-            if not probe.ok:
+            published = await self.sandbox.stat_path(ARTIFACTS_CONVENTION_DIR)
+            if published is None or published.kind != "dir" or not published.entries:
                 return
         folder = self.artifacts_root / ("artifacts" if step is None else f"steps/{step.name}/artifacts")
         await collect_artifacts(self.sandbox, entries, folder)

@@ -12,6 +12,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxes.housekeeping import PathStat
+
 NetworkMode = Literal["public", "no-network", "allowlist"]
 
 
@@ -87,6 +89,13 @@ class Sandbox(Protocol):
     spec: SandboxSpec
 
     @property
+    def processes_outlive_exec(self) -> bool:
+        """Whether a process an exec starts can still run once the exec returned (a daemon the agent
+        left). False where every exec is its own process tree that ends with it (a local sandbox under
+        bubblewrap): the verifier then has no leftovers to look for."""
+        ...
+
+    @property
     def proxy_host(self) -> str:
         """Host name or IP at which code inside this sandbox reaches the host's proxy port."""
         ...
@@ -110,6 +119,22 @@ class Sandbox(Protocol):
     async def download_file(self, remote_path: str) -> bytes: ...
 
     async def download_dir(self, remote_dir: str, local_dir: Path) -> None: ...
+
+    async def make_dirs(self, paths: list[str], *, mode: int = 0o777) -> None:
+        """Create each folder (and its parents) as root where missing, and give it `mode`; what is in
+        them stays. SandboxError when that fails."""
+        ...
+
+    async def reset_dir(self, path: str, *, mode: int | None = None) -> None:
+        """Make `path` an empty folder, as root: a file or symlink there is removed (never followed), a
+        folder emptied in place (it may be a mount point); then `mode`, when given. SandboxError when
+        that fails."""
+        ...
+
+    async def stat_path(self, path: str) -> PathStat | None:
+        """What stands at `path` (symlinks followed): a file and its size, a folder and its number of
+        entries, or something else; None when nothing does."""
+        ...
 
     async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
         """From now on, let the sandbox reach only what `mode` allows (a phase's policy: the agent's,

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from sandboxes import firewall
 from sandboxes.base import ExecResult, NetworkMode, SandboxSpec
 from sandboxes.errors import SandboxError, SandboxPathError
+from sandboxes.housekeeping import HousekeepingByExec
 from sandboxes.policy import Allowlist, check_narrowing, normalize_host, resolve_allowlist
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ _PIN_SCRIPT = (
 )
 
 
-class DockerSandbox:
+class DockerSandbox(HousekeepingByExec):
     def __init__(
         self,
         spec: SandboxSpec,
@@ -133,6 +134,10 @@ class DockerSandbox:
         self._phase = 0
         self._phase_pins = False
         self._ip: str | None = None
+
+    @property
+    def processes_outlive_exec(self) -> bool:
+        return True  # one container for the rollout: what an exec starts runs on in it
 
     @property
     def proxy_host(self) -> str:

@@ -38,6 +38,7 @@ from sandboxes.errors import (
     SandboxUnavailable,
     UnsupportedEnvironment,
 )
+from sandboxes.housekeeping import HousekeepingByExec
 from sandboxes.images import context_hash
 from sandboxes.policy import check_narrowing
 
@@ -278,7 +279,7 @@ class E2BBackend:
         raise AssertionError("unreachable")
 
 
-class E2BSandbox:
+class E2BSandbox(HousekeepingByExec):
     def __init__(self, spec: SandboxSpec, remote: Any, *, backend: E2BBackend) -> None:
         self.spec = spec
         self.remote = remote
@@ -305,6 +306,10 @@ class E2BSandbox:
             return
         options = self._backend._network_options(mode, allowed_hosts) or {}
         await self._backend._retry(f"changing the network of {self.spec.name}", lambda: update(options))
+
+    @property
+    def processes_outlive_exec(self) -> bool:
+        return True  # one VM for the rollout: what an exec starts runs on in it
 
     @property
     def proxy_host(self) -> str:

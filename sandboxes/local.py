@@ -53,6 +53,7 @@ from sandboxes.errors import (
     SandboxUnavailable,
     UnsupportedEnvironment,
 )
+from sandboxes.housekeeping import PathStat
 from sandboxes.policy import check_narrowing
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,12 @@ class LocalSandbox:
         self._forwarder: local_network.ProxyForwarder | None = None
         self._layer_binds: list[tuple[Path, str]] = []
         """Cached harness layer folders bound read-only (see layer_cache.restore)."""
+
+    @property
+    def processes_outlive_exec(self) -> bool:
+        # Under bwrap each exec is a PID namespace of its own, and the kernel kills everything in it when
+        # the command ends. Without bwrap a process can leave the exec's group (setsid) and live on.
+        return not self.use_bwrap
 
     @property
     def proxy_host(self) -> str:
@@ -471,6 +478,59 @@ class LocalSandbox:
         if not source.is_dir():
             raise FileNotFoundError(f"{remote_dir} is not a folder in sandbox {self.spec.name}")
         await asyncio.to_thread(copy_tree_safely, source, Path(local_dir))
+
+    # Housekeeping on the host's folders, where other backends run a command per question.
+
+    async def make_dirs(self, paths: list[str], *, mode: int = 0o777) -> None:
+        self._check_running()
+        await asyncio.to_thread(self._make_dirs, [self._absolute(p) for p in paths], mode)
+
+    def _make_dirs(self, paths: list[str], mode: int) -> None:
+        for path in paths:
+            folder = self._host_path(path)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                folder.chmod(mode)
+            except OSError as exc:
+                raise SandboxError(f"could not make {path}: {exc}") from exc
+
+    async def reset_dir(self, path: str, *, mode: int | None = None) -> None:
+        self._check_running()
+        await asyncio.to_thread(self._reset_dir, self._absolute(path), mode)
+
+    def _reset_dir(self, path: str, mode: int | None) -> None:
+        parent, name = posixpath.split(path)
+        if not name or (parent == "/" and name in _SYSTEM_TOPS):
+            raise SandboxPathError(f"{path}: not a folder of the sandbox's own to reset")
+        folder = self._host_path(parent, allow_root=True) / name  # the folder itself is never followed
+        try:
+            if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+                folder.unlink()
+            folder.mkdir(parents=True, exist_ok=True)
+            for entry in folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            if mode is not None:
+                folder.chmod(mode)
+        except OSError as exc:
+            raise SandboxError(f"could not reset {path}: {exc}") from exc
+
+    async def stat_path(self, path: str) -> PathStat | None:
+        self._check_running()
+        return await asyncio.to_thread(self._stat_path, self._absolute(path))
+
+    def _stat_path(self, path: str) -> PathStat | None:
+        try:
+            host = self._host_path(path)
+        except SandboxPathError:  # the host's read-only system folders, which the sandbox sees as they are
+            host = Path(path)
+        if host.is_dir():
+            return PathStat(kind="dir", entries=sum(1 for _ in host.iterdir()))
+        if host.is_file():
+            return PathStat(kind="file", size=host.stat().st_size)
+        return PathStat(kind="other") if host.exists() else None
 
     async def stop(self) -> None:
         if self._stopped:

@@ -43,7 +43,6 @@ REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
 REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
 _MAX_REWARD_BYTES = 64 * 1024
 _MAX_OUTPUT_CHARS = 64 * 1024
-_HOUSEKEEPING_TIMEOUT_S = 60.0
 
 
 class VerifierResult(BaseModel):
@@ -174,7 +173,10 @@ def host_identity() -> str:
 
 async def process_snapshot(sandbox: Sandbox) -> ProcessSnapshot:
     """What runs in `sandbox` now: taken just before the agent phase, so the image's own services (an
-    ENTRYPOINT's server) are spared by `kill_leftover_processes` and everything the agent starts is not."""
+    ENTRYPOINT's server) are spared by `kill_leftover_processes` and everything the agent starts is not.
+    Empty, without asking, where no process outlives its exec: then there is nothing to spare."""
+    if not sandbox.processes_outlive_exec:
+        return ()
     result = await sandbox.exec(["bash", "-c", _SNAPSHOT_SCRIPT], user="root", timeout_s=30.0)
     return tuple(line for line in result.stdout.split() if ":" in line)
 
@@ -182,7 +184,10 @@ async def process_snapshot(sandbox: Sandbox) -> ProcessSnapshot:
 async def kill_leftover_processes(sandbox: Sandbox, spare: ProcessSnapshot = ()) -> bool:
     """SIGKILL every process the agent left (see `_KILL_SCRIPT`): all but `spare`; status ignored.
 
-    Returns False (and warns) when the sandbox shares the host's PID namespace, where it is skipped."""
+    Returns False (and warns) when the sandbox shares the host's PID namespace, where it is skipped.
+    Nothing to do where no process outlives its exec (a local sandbox under bwrap): the agent's are gone."""
+    if not sandbox.processes_outlive_exec:
+        return True
     result = await sandbox.exec(
         ["bash", "-c", _KILL_SCRIPT, "kill-leftovers", host_identity(), *spare], user="root", timeout_s=30.0
     )
@@ -246,20 +251,9 @@ def _tests_dirs(task: Task, step: Step | None) -> list[Path]:
 
 
 async def _prepare(sandbox: Sandbox) -> None:
-    # Empty each folder in place (it may be a mount point); a symlink or file the agent planted there
-    # is removed itself, never followed.
-    script = (
-        f"set -e; for d in {VERIFIER_DIR} {TESTS_DIR}; do "
-        'if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi; '
-        'mkdir -p "$d"; find "$d" -mindepth 1 -delete; done; '
-        f"chmod 777 {VERIFIER_DIR}"
-    )
-    result = await sandbox.exec(["bash", "-c", script], user="root", timeout_s=_HOUSEKEEPING_TIMEOUT_S)
-    if not result.ok:
-        output = (result.stderr or result.stdout).strip()
-        raise SandboxError(
-            f"could not reset {VERIFIER_DIR} and {TESTS_DIR} (exit {result.exit_code}): {output}"
-        )
+    # Emptied in place; a symlink or file the agent planted there is removed itself, never followed.
+    await sandbox.reset_dir(VERIFIER_DIR, mode=0o777)
+    await sandbox.reset_dir(TESTS_DIR)
 
 
 async def _score(
@@ -296,24 +290,16 @@ async def _kill_quietly(sandbox: Sandbox, spare: ProcessSnapshot) -> None:
 
 
 async def _read_reward(sandbox: Sandbox, reward_key: str | None) -> tuple[float | None, dict[str, float]]:
-    listing = await sandbox.exec(
-        [
-            "bash",
-            "-c",
-            f"for f in {REWARD_JSON} {REWARD_TXT}; do [ -f $f ] && stat -c '%s %n' $f; done; true",
-        ],
-        user="root",
-        timeout_s=_HOUSEKEEPING_TIMEOUT_S,
-    )
-    sizes = {}
-    for line in listing.stdout.splitlines():
-        size, _, name = line.partition(" ")
-        sizes[name] = int(size)
-    if not sizes:
+    chosen = found = None
+    for path in (REWARD_JSON, REWARD_TXT):
+        found = await sandbox.stat_path(path)
+        if found is not None and found.kind == "file":
+            chosen = path
+            break
+    if chosen is None:
         raise RewardFileError(f"the verifier wrote no {REWARD_JSON} or {REWARD_TXT}")
-    chosen = REWARD_JSON if REWARD_JSON in sizes else REWARD_TXT
-    if sizes[chosen] > _MAX_REWARD_BYTES:
-        raise RewardFileError(f"{chosen} is {sizes[chosen]} bytes; a reward file holds a few numbers")
+    if found.size > _MAX_REWARD_BYTES:
+        raise RewardFileError(f"{chosen} is {found.size} bytes; a reward file holds a few numbers")
     raw = await sandbox.download_file(chosen)
     try:
         text = raw.decode("utf-8")

@@ -194,3 +194,36 @@ async def test_concurrent_execs_in_one_sandbox(backend):
 def test_get_backend_names_the_choices_for_an_unknown_backend():
     with pytest.raises(ValueError, match="local, docker, e2b"):
         get_backend("kubernetes")
+
+
+async def test_housekeeping_makes_resets_and_reads_folders_as_the_sandbox_sees_them(backend):
+    """make_dirs / reset_dir / stat_path: the local backend does them on its host folders, docker with a
+    command as root; both give the same answers, and neither follows what an agent planted."""
+    sandbox = await backend.start(spec(workdir="/app"))
+    try:
+        await sandbox.exec(
+            "mkdir -p /app/keep /logs/verifier/sub && echo secret > /app/keep/secret && printf 12345 > /app/five"
+            " && touch /logs/verifier/.hidden /logs/verifier/sub/x && ln -s /app/keep /logs/verifier/link"
+            " && ln -s /app/keep /tests && ln -s /app/five /app/five-link",
+            user="root",
+        )
+        await sandbox.make_dirs(["/logs/agent/deep", "/logs/verifier"], mode=0o777)
+        assert (await sandbox.stat_path("/logs/verifier")).entries == 3  # made, contents kept
+        await sandbox.reset_dir("/logs/verifier", mode=0o777)
+        await sandbox.reset_dir("/tests")  # a symlink to /app/keep: replaced, not followed
+        modes = await sandbox.exec("stat -c '%a %F' /logs/agent/deep /logs/verifier /tests", user="root")
+        assert modes.stdout.split("\n")[:2] == ["777 directory", "777 directory"]
+        assert modes.stdout.split("\n")[2].endswith("directory")
+        assert (await sandbox.exec("cat /app/keep/secret")).stdout == "secret\n"  # the link's target is intact
+        assert (await sandbox.stat_path("/logs/verifier")).model_dump() == {"kind": "dir", "size": 0, "entries": 0}
+        assert (await sandbox.stat_path("/tests")).entries == 0
+        assert (await sandbox.stat_path("/app/five")).model_dump() == {"kind": "file", "size": 5, "entries": 0}
+        assert (await sandbox.stat_path("five-link")).size == 5  # relative to the workdir, link followed
+        assert (await sandbox.stat_path("/app/keep")).entries == 1
+        assert await sandbox.stat_path("/app/missing") is None
+        assert (await sandbox.stat_path("/usr/bin")).kind == "dir"  # the image's (the host's, locally)
+        await sandbox.exec("touch /app/plain", user="root")
+        await sandbox.reset_dir("/app/plain")  # a file there becomes an empty folder
+        assert (await sandbox.stat_path("/app/plain")).kind == "dir"
+    finally:
+        await sandbox.stop()

@@ -6,6 +6,7 @@ from a task folder, acts as the agent with `exec`, then runs `verify`.
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 
@@ -222,6 +223,27 @@ async def test_isolated_sandboxes_are_not_the_host(backend, make_task):
         assert (await sandbox.exec("echo alive")).stdout.strip() == "alive"  # the sandbox survives the kill
     finally:
         await sandbox.stop()
+
+
+async def test_what_a_local_exec_starts_ends_with_it_so_there_is_nothing_to_snapshot(backend, make_task):
+    """Each exec in a bwrap sandbox is a PID namespace of its own: a daemon the agent leaves (setsid,
+    nohup, disowned) is gone once its exec returns, which is why the verifier asks no process list of
+    such a sandbox. A container keeps what an exec started, and there the snapshot sees it."""
+    task = _task(make_task, "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    sandbox = await backend.start(task.sandbox_spec(f"verify-{uuid.uuid4().hex[:8]}"))
+    marker = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    try:
+        await sandbox.exec(f"setsid nohup sleep {marker} >/dev/null 2>&1 < /dev/null & disown")
+        time.sleep(0.3)
+        left = await sandbox.exec(f"pgrep -f '[s]leep {marker}' || true")
+        host = subprocess.run(["pgrep", "-f", f"[s]leep {marker}"], capture_output=True, text=True).stdout
+        snapshot = await process_snapshot(sandbox)
+    finally:
+        await sandbox.stop()
+    if sandbox.processes_outlive_exec:  # docker: the daemon lives on, and the snapshot lists it
+        assert left.stdout.strip() and len(snapshot) >= 1
+    else:  # local: gone from the sandbox and from the host
+        assert (left.stdout.strip(), host.strip(), snapshot) == ("", "", ())
 
 
 @pytest.mark.docker
