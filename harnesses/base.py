@@ -78,6 +78,10 @@ class AgentOutcome(BaseModel):
 
 @runtime_checkable
 class Harness(Protocol):
+    """Two optional attributes, read where present: `multi_step_task` (default True: a rollout of one
+    model call is degenerate) and `agent_in_sandbox` (default True: the agent calls the model from
+    inside the sandbox, which therefore gets a route to the capture proxy)."""
+
     name: str
 
     def image_layer(self) -> ImageLayer | None:

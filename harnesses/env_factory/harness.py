@@ -145,6 +145,9 @@ class EnvFactoryHarness:
     name = "env-factory"
     multi_step_task = False
     """A white-box episode may rightly end after one model call (the model answered without tools)."""
+    agent_in_sandbox = False
+    """The loop calls the model from this process, never from the sandbox: the sandbox gets no route to
+    the capture proxy (the environment's tools, which may run commands there, need none)."""
 
     def __init__(
         self,

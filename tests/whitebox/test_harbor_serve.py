@@ -122,6 +122,25 @@ def test_echo_environment_through_harbor_serve(server, engines):
     assert first["messages"][0]["content"].startswith("Use the echo tool")
 
 
+def test_the_sandbox_of_a_white_box_rollout_has_no_route_to_the_capture_proxy(server, engines, monkeypatch):
+    """The loop calls the model from the server's process, so its sandbox (where a coding environment's
+    tools run model-written commands) is given no way to the proxy, and a local one starts no
+    forwarder for its commands."""
+    from sandboxes.local import LocalBackend
+
+    specs = []
+    start = LocalBackend.start
+
+    async def recording(self, spec):
+        specs.append(spec)
+        return await start(self, spec)
+
+    monkeypatch.setattr(LocalBackend, "start", recording)
+    result, _ = rollout(server, engines["echo"], ENV_SPLIT, "echo-hello-world")
+    assert result.status == "completed", result.error
+    assert [spec.proxy_port for spec in specs] == [None]
+
+
 def test_word_game_through_harbor_serve(server, engines):
     result, trace = rollout(server, engines["guess"], ENV_SPLIT, "wordle-crane")
     assert result.status == "completed", result.error
