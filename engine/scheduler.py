@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import BadRequest, EngineStopped
+from engine.kv_cache import KV, Room, cache_tensors, growing_cache, make_cache
 from engine.prefix_cache import PrefixCache
 from engine.sampling import SamplingSettings, processed_logprobs, sample, top_alternatives
 
@@ -86,16 +87,12 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None):
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
-
-
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers 4.x
+def _by_prompt(seqs: list[Sequence]) -> list[list[Sequence]]:
+    """`seqs` grouped by identical prompt ids, in order of first appearance."""
+    groups: dict[tuple[int, ...], list[Sequence]] = {}
+    for seq in seqs:
+        groups.setdefault(tuple(seq.prompt_ids), []).append(seq)
+    return list(groups.values())
 
 
 class BatchScheduler:
@@ -138,7 +135,9 @@ class BatchScheduler:
         self._thread: threading.Thread | None = None
         # The running batch: one row per sequence, KV tensors [B, heads, L, dim] per layer.
         self._rows: list[Sequence] = []
-        self._kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._kv: KV = []
+        self._room: Room | None = None
+        """The buffers `_kv` views into, with space for the next tokens (None after the batch changed)."""
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -268,36 +267,45 @@ class BatchScheduler:
 
     def _step(self, admit: list[Sequence]) -> None:
         with torch.inference_mode():
-            for seq in admit:
-                if not seq.cancelled:
-                    self._prefill(seq)
+            joining: list[tuple[Sequence, KV]] = []
+            # The rollouts of a group send the same prompt at the same moment: one prefill serves them
+            # all, each drawing its own first token from the shared logits.
+            for same in _by_prompt([seq for seq in admit if not seq.cancelled]):
+                logits, kv = self._prefill(same[0].prompt_ids)
+                for seq in same:
+                    seq.version = self.weight_version
+                    if not self._advance(seq, logits):
+                        joining.append((seq, kv))
+            self._add_rows(joining)
             self._drop_rows([i for i, s in enumerate(self._rows) if s.cancelled])
             if self._rows:
                 self._decode()
 
-    def _forward(self, input_ids, cache_layers, **kwargs):
-        cache = _make_cache(cache_layers)
+    def _forward(self, input_ids, cache, **kwargs):
         out = self.model(
             input_ids=input_ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}, **kwargs
         )
-        return out.logits[:, -1, :], _cache_tensors(cache)
+        return out.logits[:, -1, :], cache_tensors(cache)
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, KV]:
+        """The logits after `prompt_ids` and its keys and values (earlier prompts' cached ones reused)."""
         cache = self.prefix_cache
-        cached, past = cache.lookup(seq.prompt_ids) if cache is not None else (0, None)
-        logits, kv = self._forward(torch.tensor([seq.prompt_ids[cached:]], device=self.device), past)
+        cached, past = cache.lookup(prompt_ids) if cache is not None else (0, None)
+        ids = torch.tensor([prompt_ids[cached:]], device=self.device)
+        logits, (kv, _) = self._forward(ids, make_cache(past))
         if cache is not None:
-            cache.store(seq.prompt_ids, kv, cached)
-        seq.version = self.weight_version
-        if not self._advance(seq, logits[0]):
-            self._add_row(seq, kv)
+            cache.store(prompt_ids, kv, cached)
+        return logits[0], kv
 
     def _decode(self) -> None:
         batch = len(self._rows)
         input_ids = torch.tensor([[s.generated[-1]] for s in self._rows], device=self.device)
         positions = torch.tensor([[s.num_tokens - 1] for s in self._rows], device=self.device)
         mask = torch.cat([self._mask, torch.ones(batch, 1, dtype=torch.long, device=self.device)], dim=1)
-        logits, self._kv = self._forward(input_ids, self._kv, attention_mask=mask, position_ids=positions)
+        cache = growing_cache(self._kv, self._room)
+        logits, (self._kv, self._room) = self._forward(
+            input_ids, cache, attention_mask=mask, position_ids=positions
+        )
         self._mask = mask
         self.stats["steps"] += 1
         self.stats["max_batch"] = max(self.stats["max_batch"], batch)
@@ -336,13 +344,16 @@ class BatchScheduler:
 
     # ---- batch bookkeeping -------------------------------------------------------------------------
 
-    def _add_row(self, seq: Sequence, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        length = kv[0][0].shape[2]
-        if not self._rows:
-            self._rows, self._kv = [seq], kv
-            self._mask = torch.ones(1, length, dtype=torch.long, device=self.device)
+    def _add_rows(self, joining: list[tuple[Sequence, KV]]) -> None:
+        """Put the prefilled sequences into the running batch: every row left-padded to the longest, in
+        one concatenation per layer (one per sequence copied the whole batch once per arrival)."""
+        if not joining:
             return
-        total = max(length, self._mask.shape[1])
+        self._room = None  # the batch's tensors are new ones: their room is made at the next step
+        parts = ([(self._kv, self._mask)] if self._rows else []) + [
+            (kv, torch.ones(1, kv[0][0].shape[2], dtype=torch.long, device=self.device)) for _, kv in joining
+        ]
+        total = max(mask.shape[1] for _, mask in parts)
 
         def left_pad(t: torch.Tensor, dim: int) -> torch.Tensor:
             missing = total - t.shape[dim]
@@ -353,12 +364,12 @@ class BatchScheduler:
             return torch.cat([t.new_zeros(shape), t], dim=dim)
 
         self._kv = [
-            (torch.cat([left_pad(k0, 2), left_pad(k1, 2)]), torch.cat([left_pad(v0, 2), left_pad(v1, 2)]))
-            for (k0, v0), (k1, v1) in zip(self._kv, kv, strict=True)
-        ]
-        new_mask = torch.ones(1, length, dtype=torch.long, device=self.device)
-        self._mask = torch.cat([left_pad(self._mask, 1), left_pad(new_mask, 1)])
-        self._rows.append(seq)
+            (torch.cat([left_pad(kv[layer][0], 2) for kv, _ in parts]),
+             torch.cat([left_pad(kv[layer][1], 2) for kv, _ in parts]))
+            for layer in range(len(parts[0][0]))
+        ]  # fmt: skip
+        self._mask = torch.cat([left_pad(mask, 1) for _, mask in parts])
+        self._rows += [seq for seq, _ in joining]
         self.stats["max_batch"] = max(self.stats["max_batch"], len(self._rows))
 
     def _drop_rows(self, drop: list[int]) -> None:
@@ -366,6 +377,7 @@ class BatchScheduler:
             return
         keep = [i for i in range(len(self._rows)) if i not in set(drop)]
         self._rows = [self._rows[i] for i in keep]
+        self._room = None
         if not keep:
             self._kv, self._mask = [], torch.zeros(0, 0, dtype=torch.long, device=self.device)
             return
@@ -386,7 +398,8 @@ class BatchScheduler:
             if not seq.finished:
                 seq.finished = True
                 seq.emit(TokenEvent(None, None, [], seq.text, "abort", None))
-        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._rows, self._kv, self._room = [], [], None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     def _fail_all(self, admitted: list[Sequence], exc: Exception) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"
@@ -394,4 +407,5 @@ class BatchScheduler:
             if not seq.finished:
                 seq.finished = True
                 seq.emit(TokenEvent(None, None, [], message, "error", None))
-        self._rows, self._kv, self._mask = [], [], torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self._rows, self._kv, self._room = [], [], None
+        self._mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)
