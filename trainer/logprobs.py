@@ -20,6 +20,7 @@ rows (580 trained tokens of ~13k) the tiny model's step ran 1.25x faster (CPU ti
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 
@@ -29,6 +30,9 @@ from trainer.packing import Batch
 
 SHARED_PREFIX_MIN_TOKENS = 64
 """A common prefix shorter than this is recomputed per row: the second pass would not pay for itself."""
+BUCKET_OVERHEAD_TOKENS = 48
+"""What one more group of tails costs, in padded tail tokens: a forward pass's fixed cost and a copy of
+the prefix's cache (tail_buckets)."""
 
 
 @dataclass
@@ -113,23 +117,84 @@ def _cache_argument(model: torch.nn.Module) -> str | None:
     return next((name for name in ("cache", "past_key_values") if name in params), None)
 
 
+def tail_buckets(lengths: list[int], overhead: int | None = None) -> list[list[int]]:
+    """Rows (by index) grouped so that each group's tails are padded to its own longest, not the
+    batch's: the split of the rows sorted by tail length that minimises the padded tail tokens plus
+    `overhead` per group (each group is one more forward pass over a copy of the prefix's cache;
+    default BUCKET_OVERHEAD_TOKENS)."""
+    overhead = BUCKET_OVERHEAD_TOKENS if overhead is None else overhead
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    n = len(order)
+    best = [0] + [None] * n  # best[j]: cheapest split of the j shortest rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        for i in range(j):
+            cost = best[i] + (j - i) * longest + overhead
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
 def _with_shared_prefix(
     model: torch.nn.Module, batch: Batch, prefix: int, cache_arg: str, temperature: float, with_entropy: bool
 ) -> TokenLogprobs:
-    rows = batch.input_ids.shape[0]
     head = model(
         input_ids=batch.input_ids[:1, :prefix], position_ids=batch.position_ids[:1, :prefix],
         use_cache=True, logits_to_keep=1,
     )  # fmt: skip
-    cache = getattr(head, "cache", None) or head.past_key_values
-    cache.batch_repeat_interleave(rows)  # the same keys and values (and their gradient paths) per row
-    targets = _trained_positions(batch, prefix + 1)  # past the prefix's own last position
-    tail = model(
-        input_ids=batch.input_ids[:, prefix:], position_ids=batch.position_ids[:, prefix:],
-        attention_mask=batch.attention_mask, use_cache=True, logits_to_keep=targets - 1 - prefix,
-        **{cache_arg: cache},
+    from transformers import DynamicCache
+
+    head_cache = getattr(head, "cache", None) or head.past_key_values
+    if hasattr(head_cache, "layers"):
+        head_kv = [(layer.keys, layer.values) for layer in head_cache.layers]
+    else:  # transformers 4.x
+        head_kv = list(zip(head_cache.key_cache, head_cache.value_cache, strict=True))
+    tails = (batch.attention_mask.sum(1) - prefix).tolist()
+    logps = entropy = None
+    for rows in tail_buckets(tails):
+        part = _rows_of(batch, rows, prefix + max(tails[r] for r in rows))
+        # Every row of the group gets the same keys and values (and their gradient paths).
+        cache = DynamicCache(ddp_cache_data=[(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1))
+                                             for k, v in head_kv])  # fmt: skip
+        targets = _trained_positions(part, prefix + 1)  # past the prefix's own last position
+        tail = model(
+            input_ids=part.input_ids[:, prefix:], position_ids=part.position_ids[:, prefix:],
+            attention_mask=part.attention_mask, use_cache=True, logits_to_keep=targets - 1 - prefix,
+            **{cache_arg: cache},
+        )  # fmt: skip
+        # Token t is predicted at t-1: the prefix's last position predicts the first token past it.
+        logits = torch.cat([head.logits.expand(len(rows), -1, -1), tail.logits], dim=1)
+        got = _from_logits(logits, part, torch.cat([targets.new_tensor([prefix]), targets]), temperature, with_entropy)
+        index = torch.tensor(rows, device=batch.input_ids.device)
+        logps = _place(logps, got.logps, index, batch.input_ids.shape)
+        if with_entropy:
+            entropy = _place(entropy, got.entropy, index, batch.input_ids.shape)
+    return TokenLogprobs(logps, entropy)
+
+
+def _rows_of(batch: Batch, rows: list[int], width: int) -> Batch:
+    """The batch's `rows`, cut to their first `width` positions (the rest is padding for all of them)."""
+    index = torch.tensor(rows, device=batch.input_ids.device)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, index)[:, :width]
+
+    return dataclasses.replace(
+        batch, input_ids=take(batch.input_ids), position_ids=take(batch.position_ids),
+        attention_mask=take(batch.attention_mask), loss_mask=take(batch.loss_mask),
+        behavior_logps=take(batch.behavior_logps), advantages=take(batch.advantages),
+        sequence_ids=take(batch.sequence_ids), num_sequences=len(rows),
     )  # fmt: skip
-    # Token t is predicted at t-1: the prefix's last position predicts the first token past it.
-    logits = torch.cat([head.logits.expand(rows, -1, -1), tail.logits], dim=1)
-    targets = torch.cat([targets.new_tensor([prefix]), targets])
-    return _from_logits(logits, batch, targets, temperature, with_entropy)
+
+
+def _place(full: torch.Tensor | None, part: torch.Tensor, rows: torch.Tensor, shape) -> torch.Tensor:
+    """`part` (rows, width <= T) written into the (B, T) tensor `full` at `rows` (zeros where new)."""
+    if full is None:
+        full = part.new_zeros(shape)
+    padded = torch.nn.functional.pad(part, (0, shape[1] - part.shape[1]))
+    return full.index_copy(0, rows, padded)

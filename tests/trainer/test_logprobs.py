@@ -168,3 +168,34 @@ def test_micro_batches_keep_the_rows_of_one_prompt_together() -> None:
     assert all(len({item.row.session_id for item in chunk}) == 1 for chunk in chunks)
     assert sorted(id(i) for c in chunks for i in c) == sorted(id(i) for i in items)  # none lost or repeated
     assert all(shared_prefix_length(pack(c, padding_free=False)) == 380 for c in chunks)
+
+
+def test_tails_of_very_different_lengths_run_in_groups_with_the_same_loss(tiny_model, monkeypatch) -> None:
+    """Two short answers and two long ones behind one prompt: the short tails are not padded to the long
+    ones (two groups), and the loss and gradients are today's single group's, and the full logits'."""
+    model, _ = tiny_model
+    tails = [list(range(200, 202)), list(range(300, 303)), list(range(400, 470)), list(range(500, 572))]
+    rows = [row(t, trained=list(range(0, len(t), 3))) for t in tails]
+    batch = pack([TrainItem(r, a) for r, a in zip(rows, (1.0, -1.0, 0.5, -0.5), strict=True)], padding_free=False)
+    assert logprobs.tail_buckets([len(t) for t in tails]) == [[0, 1], [2, 3]]
+    grouped = token_logprobs(model, batch, temperature=0.8, with_entropy=True)
+    loss, grads = loss_and_grads(model, batch, grouped.logps)
+    monkeypatch.setattr(logprobs, "BUCKET_OVERHEAD_TOKENS", 10**9)  # one group: every tail padded to 72
+    assert logprobs.tail_buckets([len(t) for t in tails]) == [[0, 1, 2, 3]]
+    single = token_logprobs(model, batch, temperature=0.8, with_entropy=True)
+    single_loss, single_grads = loss_and_grads(model, batch, single.logps)
+    full_loss, _ = loss_and_grads(model, batch, full_logits_logprobs(model, batch, 0.8)[0])
+
+    torch.testing.assert_close(grouped.logps, single.logps, rtol=0, atol=1e-5)
+    torch.testing.assert_close(grouped.entropy, single.entropy, rtol=0, atol=1e-5)
+    assert loss == pytest.approx(single_loss, abs=1e-5) and loss == pytest.approx(full_loss, abs=1e-5)
+    for got, want in zip(grads, single_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert max(g.abs().max().item() for g in single_grads) > 1e-3  # the comparison is not of zeros
+
+
+def test_tail_groups_split_where_padding_costs_more_than_a_pass() -> None:
+    assert logprobs.tail_buckets([5, 5, 5], overhead=48) == [[0, 1, 2]]
+    assert logprobs.tail_buckets([60, 2, 61, 3], overhead=48) == [[1, 3], [0, 2]]
+    assert logprobs.tail_buckets([60, 2, 61, 3], overhead=200) == [[1, 3, 0, 2]]
+    assert logprobs.tail_buckets([9], overhead=0) == [[0]]
