@@ -26,7 +26,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from capture_proxy.episodes import Episode, read_episodes
+from capture_proxy.rows import TrainingRow
 from trainer.errors import SFTDataError, TrainerConfigError
+from trainer.logprobs import SHARED_PREFIX_MIN_TOKENS, token_logprobs
+from trainer.packing import TrainItem, chunk_by_prefix, pack
 
 IGNORE_INDEX = -100
 """Label of tokens that are not trained (torch's cross-entropy ignore index)."""
@@ -217,36 +220,25 @@ def load_episodes(config: SFTConfig) -> list[Episode]:
 # -- training -------------------------------------------------------------------------------------------
 
 
-def _batch(examples: Sequence[SFTExample], pad_id: int):
-    import torch
-
-    width = max(len(e.input_ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    for row, example in enumerate(examples):
-        n = len(example.input_ids)
-        ids[row, :n] = torch.tensor(example.input_ids)
-        labels[row, :n] = torch.tensor(example.labels)
-        attention[row, :n] = 1
-    return ids, labels, attention
-
-
 def sft_loss(model: Any, examples: Sequence[SFTExample], pad_id: int):
-    """Mean cross-entropy over the assistant tokens of `examples` (next-token prediction)."""
-    import torch.nn.functional as F
+    """Mean cross-entropy over the assistant tokens of `examples` (next-token prediction). Examples that
+    begin with the same prompt (one task's demonstrations) run it once, and the vocabulary projection
+    runs at the assistant tokens only (trainer.logprobs, as a GRPO step does)."""
+    items = [TrainItem(_row(example), 0.0) for example in examples]
+    total = sum(example.trained_tokens for example in examples)
+    summed = 0.0
+    for chunk in chunk_by_prefix(items, len(items), SHARED_PREFIX_MIN_TOKENS):
+        batch = pack(chunk, padding_free=False, pad_token_id=pad_id)
+        summed = summed + (token_logprobs(model, batch).logps * batch.loss_mask).sum()
+    return -summed / total
 
-    ids, labels, attention = _batch(examples, pad_id)
-    targets = labels[:, 1:]
-    trained = targets != IGNORE_INDEX
-    head = model.get_output_embeddings()
-    body = getattr(model, model.base_model_prefix, None)
-    if head is None or body is None:  # a model without the usual split: project every position
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1][trained]
-    else:  # project only the trained positions: the vocabulary projection is much of a small model's cost
-        hidden = body(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
-        logits = head(hidden[trained])
-    return F.cross_entropy(logits.float(), targets[trained])
+
+def _row(example: SFTExample) -> TrainingRow:
+    mask = tuple(int(label != IGNORE_INDEX) for label in example.labels)
+    return TrainingRow(
+        input_ids=tuple(example.input_ids), loss_mask=mask, behavior_logps=(0.0,) * len(mask),
+        node_ids=("sft",), policy_versions=(None,), session_id=None, trained_node_ids=("sft",),
+    )  # fmt: skip
 
 
 def _batches(n_examples: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:

@@ -125,3 +125,46 @@ def test_a_few_steps_lower_the_loss_and_the_folder_is_served(tiny_dir, tmp_path)
         )
         client.close()
     assert reply.model == "tiny" and reply.usage.completion_tokens >= 1
+
+
+def plain_cross_entropy(model, examples, pad_id):
+    """The reference: every position's logits of the whole padded rows, cross-entropy at the labels."""
+    width = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id)
+    labels = torch.full((len(examples), width), IGNORE_INDEX)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        ids[row, :n], labels[row, :n], attention[row, :n] = (
+            torch.tensor(example.input_ids),
+            torch.tensor(example.labels),
+            1,
+        )
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1)
+    )
+
+
+def test_the_loss_is_the_cross_entropy_of_the_assistant_tokens_with_shared_prompts_run_once(tiny_dir) -> None:
+    """Demonstrations of one task share their prompt: it runs once per batch, and the loss and gradients
+    are those of plain cross-entropy over every position's logits (within 1e-5)."""
+    model, tokenizer = load_model_and_tokenizer(tiny_dir)
+    examples = [
+        tokenize_conversation(tokenizer, conversation(target), [ECHO_TOOL])
+        for target in ("Hi!", "Hello there, world!", "Hi!", "A much longer text to say back")
+    ]
+    other = conversation("Hi!")
+    other[0]["content"] = "Please echo: Hi!"  # another task's prompt: computed apart
+    examples.append(tokenize_conversation(tokenizer, other, [ECHO_TOOL]))
+    losses, grads = [], []
+    for loss_fn in (sft_loss, plain_cross_entropy):
+        model.zero_grad()
+        loss = loss_fn(model, examples, tokenizer.pad_token_id)
+        loss.backward()
+        losses.append(float(loss))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert max(g.abs().max().item() for g in grads[1]) > 1e-3  # the comparison is not of zeros
