@@ -129,6 +129,8 @@ class HarnessAsyncGRPOTrainer:
         self.ledger = VersionLedger(self.policy_version)
         """When each version went live on the engine: dates turns the engine sent no version for."""
         self.weight_sync = weight_sync
+        self._engine_current = False
+        """Whether the engine serves this model's weights as they are now (`sync_weights`)."""
         if self.weight_sync is None and self.args.vllm_server_base_url and self.processes.is_main:
             from engine.weight_client import WeightSyncClient
 
@@ -165,16 +167,16 @@ class HarnessAsyncGRPOTrainer:
         log.info("%s", self.placement.describe(self.model))
         self.scheduler = self._lr_scheduler()
         syncs = self.processes.on_main(lambda: self.weight_sync is not None)
-        if syncs:
-            self.processes.on_main(self._wait_for_engine)
+        if syncs and not self._engine_current:
             # The engine must serve exactly these weights before any sample is taken (a resumed run's
-            # weights differ from the engine's), and tell us its version.
-            self._sync_weights()
+            # weights differ from the engine's).
+            self.sync_weights()
         self.processes.on_main(self._start_rollouts)
         self.module.train()
         try:
             while self.step < self.total_steps:
                 metrics = self._train_step()
+                self._engine_current = False
                 self.step += 1
                 if syncs and self.step % args.weight_sync_steps == 0:
                     metrics["weight_sync_time_s"] = self._sync_weights()
@@ -193,6 +195,17 @@ class HarnessAsyncGRPOTrainer:
             if self.metrics_log is not None:
                 self.metrics_log.close()
         return self.history
+
+    def sync_weights(self) -> float:
+        """Push the model's weights to the engine now, so that it serves exactly them (to evaluate the
+        starting policy before `train()`, say); `train()` then makes no first push of its own unless it
+        resumes a checkpoint. Every rank calls it. Returns the push's seconds."""
+        if not self.processes.on_main(lambda: self.weight_sync is not None):
+            raise TrainerConfigError(
+                "no engine to push weights to: set vllm_server_base_url (or pass weight_sync=)"
+            )
+        self.processes.on_main(self._wait_for_engine)
+        return self._sync_weights()
 
     def _wait_for_engine(self) -> None:
         wait_ready = getattr(self.weight_sync, "wait_ready", None)  # a caller's own weight_sync may lack it
@@ -476,6 +489,7 @@ class HarnessAsyncGRPOTrainer:
             self.model, self.processes, lambda stream: self.weight_sync.push(stream, version=version)
         )
         self.ledger.record(self.policy_version)
+        self._engine_current = True
         return time.monotonic() - t0
 
     # -- checkpoints -----------------------------------------------------------------------------------
@@ -496,6 +510,7 @@ class HarnessAsyncGRPOTrainer:
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer)
+        self._engine_current = False
         self.step = int(state["global_step"])
         self.policy_version = int(state["policy_version"])
         self.schedule.load_state_dict(state["schedule"])

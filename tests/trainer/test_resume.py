@@ -6,12 +6,14 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 import torch
 
 from engine.tiny_model import load_model_and_tokenizer
 from tests.trainer.direct import DirectSessionFactory
 from trainer.checkpoints import checkpoints
 from trainer.config import AsyncGRPOConfig
+from trainer.errors import TrainerConfigError
 from trainer.grpo import HarnessAsyncGRPOTrainer
 
 TASKS = [
@@ -55,3 +57,55 @@ def test_resume_continues_at_the_next_step_without_replaying_or_skipping(
     assert second.schedule.prefix == 5 and not second.schedule.beyond
     # The checkpoint is a servable model folder.
     assert (checkpoints(tmp_path)[-1] / "tokenizer.json").is_file()
+
+
+class CountingSync:
+    """A weight transport that records the versions pushed (the trainer accepts any `weight_sync`)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[tuple[int, int]] = []
+
+    def wait_ready(self, timeout_s: float) -> None:
+        return None
+
+    def push(self, stream, version: int) -> int:
+        self.pushed.append((version, sum(t.numel() for _, t in stream)))
+        return version
+
+
+def test_weights_pushed_before_train_are_not_pushed_again_unless_a_resume_changed_them(
+    fresh_engine, tiny_dir, tmp_path
+) -> None:
+    """`harbor train` pushes the warm-up's weights to evaluate them, then trains: train() makes no
+    first push of its own then, and does again when a checkpoint replaced the weights."""
+    config = AsyncGRPOConfig(
+        output_dir=str(tmp_path), report_to="jsonl", seed=7, max_steps=1, num_generations=4,
+        per_device_train_batch_size=4, max_concurrent_rollouts=4, learning_rate=1e-3, max_completion_length=4,
+        save_steps=1, vllm_server_base_url=None,
+    )  # fmt: skip
+    model, tokenizer = load_model_and_tokenizer(tiny_dir)
+    sync = CountingSync()
+    factory = functools.partial(DirectSessionFactory, fresh_engine.url)
+    trainer = HarnessAsyncGRPOTrainer(
+        model, factory, config, train_dataset=TASKS, processing_class=tokenizer, weight_sync=sync
+    )
+    trainer.sync_weights()
+    trainer.train()
+    size = sum(p.numel() for p in model.parameters())
+    assert sync.pushed == [(1, size), (2, size)]  # the evaluation's push, then the step's: no other
+    assert trainer.history[0]["policy_version"] == 2
+
+    again = HarnessAsyncGRPOTrainer(
+        model, factory, config.model_copy(update={"max_steps": 2}), train_dataset=TASKS,
+        processing_class=tokenizer, weight_sync=sync,
+    )  # fmt: skip
+    again.sync_weights()
+    again.train(resume_from_checkpoint=True)  # the checkpoint's weights replace the pushed ones
+    assert [v for v, _ in sync.pushed] == [1, 2, 1, 3, 4]
+
+
+def test_sync_weights_without_an_engine_says_what_is_missing(tiny_dir, tmp_path) -> None:
+    config = AsyncGRPOConfig(output_dir=str(tmp_path), vllm_server_base_url=None)
+    trainer = HarnessAsyncGRPOTrainer(load_model_and_tokenizer(tiny_dir)[0], lambda **_: None, config, TASKS)
+    with pytest.raises(TrainerConfigError, match="no engine to push weights to"):
+        trainer.sync_weights()
