@@ -231,7 +231,7 @@ class GRPOTrainer:
             engine_url = args.vllm_server_base_url
             served = SERVED_NAME
             if engine_url is None:
-                engine_url = stack.enter_context(embedded_engine(model_path, served))
+                engine_url = stack.enter_context(embedded_engine(model_path, served, output_dir))
             else:
                 served = _served_model(engine_url)
             config = ServeConfig(

@@ -2,20 +2,22 @@
 
     harbor train --server-url http://localhost:8200 --split builtin --harness mini-swe-agent \\
                  --sandbox docker --llm-url http://localhost:8000/v1 --model /models/qwen
-    harbor train                         # embedded: engine + server in-process, built-in white-box tasks
+    harbor train                         # embedded: engine + server started here, built-in white-box tasks
     harbor train --harness mini-swe-agent   # embedded, the coding path: the real agent, tiny coding tasks
 
 With no `server_url`, the embedded engine (serving `model`, `tiny` by default) and a Harbor server start
-in this process (local sandbox, SQLite store in the output folder, the built-in white-box environments),
-weights are pushed over gloo, and the policy is evaluated before and after training.
+as processes of their own (harbor_rl.service_process: local sandbox, SQLite store in the output folder,
+the built-in white-box environments), weights are pushed over gloo, and the policy is evaluated before
+and after training.
 
 With `sft_steps > 0` (the embedded default of `harbor train`, EMBEDDED_DEFAULTS) a supervised warm-up
 comes first, because GRPO learns nothing from a policy that never succeeds: scripted demonstrations
 are collected through the training harness (`harbor collect --harness H --provider scripted`: on the
 white-box tasks for env-factory, and for a coding harness each tiny coding task's solution played as
-that harness's own tool calls), the model is fine-tuned on them for a few steps (`harbor sft`), and the
-engine then serves the fine-tuned folder, which GRPO starts from. The warm-up is deliberately short: a policy that succeeds sometimes, so GRPO has groups
-with spread to learn from.
+that harness's own tool calls), the model is fine-tuned on them for a few steps (`harbor sft`) while the
+base model is evaluated, and the fine-tuned weights are pushed to the engine, GRPO's starting point. The
+warm-up is deliberately short: a policy that succeeds sometimes, so GRPO has groups with spread to
+learn from.
 """
 
 from __future__ import annotations
@@ -176,37 +178,50 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
     return run, grpo
 
 
-@contextlib.contextmanager
-def embedded_engine(model_path: Path, served_name: str, device: str = "cpu") -> Iterator[str]:
-    """The embedded engine on 127.0.0.1 (random port) in a background thread; yields its base URL."""
-    from engine.in_process import serve_in_thread
-    from engine.server import EngineConfig, create_app
+EMBEDDED_DATASETS = ["env-tasks", "builtin", CODING_SPLIT]
+"""What the embedded server serves: the white-box environments, the built-in coding tasks and the tiny
+coding tasks."""
 
-    app = create_app(EngineConfig(
-        model=str(model_path), served_model_name=served_name, max_model_len=CONTEXT_LENGTH, device=device
-    ))  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        try:  # loading a model folder takes a while: more than a test app's start-up allowance
-            url = stack.enter_context(serve_in_thread(app, start_timeout_s=120, log_level="warning"))
-        except RuntimeError as exc:
-            raise TrainerConfigError(f"the embedded engine did not start for {model_path}") from exc
+
+def embedded_engine_process(model_path: Path, served_name: str, output_dir: Path, device: str = "cpu"):
+    """The embedded engine serving `model_path` (harbor_rl.service_process), logging to
+    `output_dir/engine.log`."""
+    from harbor_rl.service_process import engine_process
+
+    return engine_process(
+        model_path, served_name, max_model_len=CONTEXT_LENGTH, log_path=output_dir / "engine.log", device=device
+    )
+
+
+def embedded_server_process(output_dir: Path, llm_url: str, model: str, capacity: int, sandbox: str):
+    """`harbor serve` over EMBEDDED_DATASETS with the store in `output_dir/traces.db`, logging to
+    `output_dir/server.log`."""
+    from harbor_rl.service_process import server_process
+
+    return server_process(
+        EMBEDDED_DATASETS, llm_url=llm_url, model=model, sandbox=sandbox,
+        store_url=f"sqlite:///{output_dir.resolve()}/traces.db", max_concurrent=capacity,
+        server_id="embedded",  # its port changes each run; the id must not, so a crashed run's leftovers are failed
+        log_path=output_dir / "server.log",
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def embedded_engine(model_path: Path, served_name: str, output_dir: Path, device: str = "cpu") -> Iterator[str]:
+    """The embedded engine for the block; yields its base URL once it answers."""
+    from harbor_rl.service_process import running
+
+    with running(embedded_engine_process(model_path, served_name, output_dir, device)) as url:
         yield url
 
 
 @contextlib.contextmanager
 def embedded_server(output_dir: Path, llm_url: str, model: str, capacity: int, sandbox: str) -> Iterator[str]:
-    """A Harbor server over the built-in white-box environments (split `env-tasks`), the built-in
-    coding tasks (split `builtin`) and the tiny coding tasks (`tiny-coding`), in this process; yields its URL."""
-    from harbor_server import ServeConfig, free_port, running_server
+    """The embedded Harbor server for the block; yields its URL once it answers."""
+    from harbor_rl.service_process import running
 
-    config = ServeConfig(
-        datasets=["env-tasks", "builtin", CODING_SPLIT], llm_url=llm_url, model=model, port=free_port(),
-        capture_port=free_port(), capture_host="127.0.0.1" if sandbox == "local" else "0.0.0.0", sandbox=sandbox, store_url=f"sqlite:///{output_dir.resolve()}/traces.db",
-        check_engine=False, max_concurrent_envs=capacity,
-        server_id="embedded",  # its port changes each run; the id must not, so a crashed run's leftovers are failed
-    )  # fmt: skip
-    with running_server(config) as thread:
-        yield thread.url
+    with running(embedded_server_process(output_dir, llm_url, model, capacity, sandbox)) as url:
+        yield url
 
 
 def evaluate(
@@ -262,15 +277,20 @@ def rollout_source(
     with contextlib.ExitStack() as stack:
         llm_url, server_url, split = run.llm_url, run.server_url, run.split
         if server_url is None:
-            on_phase(f"starting the embedded engine ({model_path.name}) and server")
-            engine_url = stack.enter_context(embedded_engine(model_path, served, run.engine_device))
-            llm_url = engine_url + "/v1"
+            on_phase(
+                f"starting the embedded engine ({model_path.name}) and server (logs: {output_dir}/engine.log, "
+                "server.log)"
+            )
+            engine = stack.enter_context(embedded_engine_process(model_path, served, output_dir, run.engine_device))
+            llm_url = engine.url + "/v1"
             config = config.model_copy(
-                update={"vllm_server_base_url": engine_url, "weight_sync_backend": "gloo"}
+                update={"vllm_server_base_url": engine.url, "weight_sync_backend": "gloo"}
             )
-            server_url = stack.enter_context(
-                embedded_server(output_dir, llm_url, served, config.max_concurrent_rollouts + 1, run.sandbox)
+            server = stack.enter_context(  # both load at once
+                embedded_server_process(output_dir, llm_url, served, config.max_concurrent_rollouts + 1, run.sandbox)
             )
+            engine.wait_until_up()
+            server_url = server.wait_until_up()
             split = split or default_split(run.harness)
         elif "vllm_server_base_url" not in config.model_fields_set and llm_url is not None:
             # The engine the agents call is the one to push weights to, unless the user said otherwise.
@@ -396,21 +416,33 @@ def run_training(
         on_eval(name, result)
         return result
 
-    if run.sft_steps:
-        if run.base_eval_episodes:
-            with rollout_source(run, config, model_path, served, output_dir, on_phase) as source:
-                evaluation("base", *source, episodes=run.base_eval_episodes)
-        on_phase(f"SFT warm-up: {run.demo_episodes} scripted demonstrations, {run.sft_steps} steps")
-        model_path = warm_up(run, model_path, output_dir, config.seed, on_progress)
     before = after = None
-    with rollout_source(run, config, model_path, served, output_dir, on_phase) as (factory, rows, config):
-        if run.eval_episodes and main:
-            before = evaluation("sft" if run.sft_steps else "before", factory, rows, config)
+    with contextlib.ExitStack() as stack:
+        warming = None
+        if run.sft_steps:
+            # The warm-up needs neither the engine nor the server: it runs while they start and the base
+            # model is evaluated.
+            on_phase(f"SFT warm-up: {run.demo_episodes} scripted demonstrations, {run.sft_steps} steps")
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-up"))
+            warming = pool.submit(warm_up, run, model_path, output_dir, config.seed, on_progress)
+        # One engine and one server for the whole run: the warm-up's weights reach the engine as every
+        # GRPO step's do, over the weight-transfer routes, rather than by starting another engine.
+        factory, rows, config = stack.enter_context(
+            rollout_source(run, config, model_path, served, output_dir, on_phase)
+        )
+        if warming is not None:
+            if run.base_eval_episodes:
+                evaluation("base", factory, rows, config, episodes=run.base_eval_episodes)
+            model_path = warming.result()
         model, tokenizer = load_policy(model_path)
-        on_phase(f"training for {config.max_steps} steps")
         trainer = HarnessAsyncGRPOTrainer(
             model, factory, config, train_dataset=rows, processing_class=tokenizer, step_callback=on_step
         )
+        if run.eval_episodes and main:
+            if run.sft_steps:
+                trainer.sync_weights()  # the engine still serves the model the warm-up started from
+            before = evaluation("sft" if run.sft_steps else "before", factory, rows, config)
+        on_phase(f"training for {config.max_steps} steps")
         on_phase(trainer.placement.describe(trainer.model))
         try:
             history = trainer.train(resume_from_checkpoint=True if resume else None)
