@@ -183,6 +183,12 @@ KNOWN: tuple[Benchmark, ...] = (
         "the training step-time split.",
         timeout_s=(300, 1200),
     ),
+    Benchmark(
+        "train_ab",
+        "`harbor train`'s wall time and GRPO gain, this tree against the commit before issue 35, runs "
+        "interleaved.",
+        timeout_s=(300, 3600),
+    ),
     Benchmark("inspector_open", "Trace inspector: opening rollouts and listing pages in a large store."),
     Benchmark(
         "gpu_step",

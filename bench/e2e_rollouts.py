@@ -3,10 +3,11 @@ where a training step's time goes.
 
     python bench/e2e_rollouts.py [--quick] [--steps N]
 
-The pieces `harbor train` uses with no arguments, in this process: the embedded engine serving the tiny
-model (harbor_rl.train_pipeline.embedded_engine), a Harbor server over the built-in white-box environments with the
-local sandbox and a SQLite store (harbor_rl.train_pipeline.embedded_server), the env-factory harness, and
-HarnessAsyncGRPOTrainer pushing weights to the engine over gloo after every step. Its settings are
+The pieces `harbor train` uses with no arguments, each a process as there: the embedded engine serving the
+tiny model (harbor_rl.train_pipeline.embedded_engine), a Harbor server over the built-in white-box
+environments with the local sandbox and a SQLite store (harbor_rl.train_pipeline.embedded_server), the
+env-factory harness, and, in this process, HarnessAsyncGRPOTrainer pushing weights to the engine over gloo
+after every step. Its settings are
 `harbor train`'s embedded defaults (4 generations, 8 rollouts per step, 8 in flight, 64 completion
 tokens, lr 1e-4).
 
@@ -16,8 +17,7 @@ Side by side, on the same engine and server:
 - training: the full trainer, whose logged metrics give the step-time split (rollout_wait_s,
   train_time_s, weight_sync_time_s; the rest of the step is "other").
 The ratio of the two rates (against the mean of the rollouts-only runs, which evens out a shared
-machine's drift) is the cost of training to the rollout side: they share 2 CPU cores, and the engine
-and server share the trainer's process.
+machine's drift) is the cost of training to the rollout side: they share 2 CPU cores.
 
 The random tiny model scores 0 on the environments, and a group without reward spread trains nothing,
 so the rollouts are scored by a dense stand-in reward (the share of even token ids in the
@@ -241,7 +241,7 @@ def run(scratch: Path, steps: int, quick: bool) -> tuple[list[Phase], list[dict]
 
     settings = QUICK if quick else FULL
     model_path = resolve_model_path("tiny", seed=0)
-    with embedded_engine(model_path, "tiny") as engine_url:
+    with embedded_engine(model_path, "tiny", scratch) as engine_url:
         config = AsyncGRPOConfig(
             output_dir=str(scratch / "train"), report_to="jsonl", max_steps=steps, seed=0,
             vllm_server_base_url=engine_url, weight_sync_backend="gloo", **settings,
