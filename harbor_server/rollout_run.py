@@ -282,12 +282,11 @@ class RolloutRunner:
     async def _start_sandbox(self, live: LiveRollout, ending: _Ending) -> Sandbox:
         t0 = time.monotonic()
         network = sandbox_network(live.task.config, agent_network=self._agent_network(live.request))
-        # The capture port goes into the sandbox only for an agent that calls the model from in there:
-        # env-factory's loop runs in this process, and nop and oracle call no model. (A local sandbox
-        # without a route to the proxy also starts no forwarder for each of its commands.)
-        reaches_proxy = live.request.harness not in MODEL_FREE_HARNESSES and getattr(
-            live.harness, "agent_in_sandbox", True
-        )
+        # The capture port goes into the sandbox unless the agent calls the model from elsewhere:
+        # env-factory's loop runs in this process (a local sandbox without a route to the proxy starts
+        # no forwarder for each of its commands). The oracle keeps it: it stands in for an agent, and
+        # sees the network an agent would.
+        reaches_proxy = getattr(live.harness, "agent_in_sandbox", True)
         try:
             spec = live.task.sandbox_spec(
                 f"harbor-{live.rollout_id[:16]}",

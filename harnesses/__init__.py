@@ -29,9 +29,9 @@ _REGISTRY: dict[str, str | Callable[[], Harness]] = {
 }
 
 HARNESS_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+"""The built-in harness names (see `harness_names()` for ones registered later)."""
 MODEL_FREE_HARNESSES = frozenset({"nop", "oracle"})
 """Harnesses that never call a model: one step, no engine needed (they check a task and its verifier)."""
-"""The built-in harness names (see `harness_names()` for ones registered later)."""
 
 
 def harness_names() -> list[str]:
