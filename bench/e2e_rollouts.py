@@ -7,9 +7,9 @@ The pieces `harbor train` uses with no arguments, each a process as there: the e
 tiny model (harbor_rl.train_pipeline.embedded_engine), a Harbor server over the built-in white-box
 environments with the local sandbox and a SQLite store (harbor_rl.train_pipeline.embedded_server), the
 env-factory harness, and, in this process, HarnessAsyncGRPOTrainer pushing weights to the engine over gloo
-after every step. Its settings are
-`harbor train`'s embedded defaults (4 generations, 8 rollouts per step, 8 in flight, 64 completion
-tokens, lr 1e-4).
+after every step. Its GRPO settings are
+`harbor train`'s embedded defaults (`EMBEDDED_DEFAULTS`: 8 generations, 16 rollouts per step in padded
+batches, 16 in flight, staleness 1, 64 completion tokens, lr 1e-4).
 
 Side by side, on the same engine and server:
 - rollouts only: the trainer's own RolloutWorker, same settings and seeds, with nothing training (the
@@ -45,14 +45,18 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harbor_rl.train_pipeline import EMBEDDED_DEFAULTS, grpo_threads  # noqa: E402
 from trainer.config import AsyncGRPOConfig  # noqa: E402
 from trainer.outcome import HarnessRolloutOutcome  # noqa: E402
 
-# `harbor train`'s embedded defaults (harbor_rl/commands/train.py), and a smaller CI version of them.
-FULL = {"num_generations": 4, "per_device_train_batch_size": 8, "max_concurrent_rollouts": 8,
-        "learning_rate": 1e-4, "max_completion_length": 64}  # fmt: skip
-QUICK = {"num_generations": 2, "per_device_train_batch_size": 4, "max_concurrent_rollouts": 4,
-         "learning_rate": 1e-4, "max_completion_length": 16}  # fmt: skip
+# `harbor train`'s embedded GRPO settings, taken from where it keeps them so the two cannot drift apart
+# (they once did: this bench ran 4 generations in packed rows while `harbor train` ran 8 in padded
+# batches), and a smaller CI version of them.
+GRPO_KEYS = ("num_generations", "per_device_train_batch_size", "max_concurrent_rollouts", "learning_rate",
+             "max_completion_length", "max_staleness", "padding_free")  # fmt: skip
+FULL = {key: EMBEDDED_DEFAULTS[key] for key in GRPO_KEYS}
+QUICK = {**FULL, "num_generations": 2, "per_device_train_batch_size": 4, "max_concurrent_rollouts": 4,
+         "max_completion_length": 16}  # fmt: skip
 
 
 def even_token_share(outcome: HarnessRolloutOutcome) -> float | None:
@@ -217,8 +221,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small CI run (under a minute)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 12; quick 3)")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: up to 2, as `harbor train` sets)"
-    )
+        "--threads", type=int, default=None,
+        help="the trainer's torch threads (default: half the cores, as `harbor train` sets them)",
+    )  # fmt: skip
     args = parser.parse_args()
     steps = args.steps or (3 if args.quick else 12)
     if steps < 2:
@@ -227,7 +232,7 @@ def main() -> None:
 
     import torch
 
-    torch.set_num_threads(args.threads or max(1, min(2, torch.get_num_threads())))  # as `harbor train`
+    torch.set_num_threads(args.threads or grpo_threads())
     with tempfile.TemporaryDirectory(prefix="harbor-bench-e2e-") as scratch:
         os.environ["HARBOR_RUNS_DIR"] = str(Path(scratch) / "runs")
         phases, history, config = run(Path(scratch), steps, args.quick)

@@ -129,6 +129,14 @@ CONTEXT_LENGTH = 16384
 schemas alone run to several thousand tokens of the tiny tokenizer (the tiny model has 32,768 positions)."""
 
 
+def grpo_threads() -> int:
+    """torch threads for the trainer while the embedded engine samples on the same cores: half the cores
+    each. On 2 cores, 2 trainer threads made the GRPO phase 1.5x slower than 1, and a step of
+    `bench/e2e_rollouts.py` 3.3x slower (3.23 s against 0.96 s): the engine preempts one of the two, and
+    every parallel op then waits for it."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def default_split(harness: str) -> str:
     """The embedded server's split for `harness`: the white-box environments, or the tiny coding tasks."""
     return "env-tasks" if harness == "env-factory" else CODING_SPLIT

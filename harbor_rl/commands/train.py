@@ -163,7 +163,13 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from harbor_rl.train_pipeline import CODING_DEFAULTS, EMBEDDED_DEFAULTS, run_training, split_settings
+        from harbor_rl.train_pipeline import (
+            CODING_DEFAULTS,
+            EMBEDDED_DEFAULTS,
+            grpo_threads,
+            run_training,
+            split_settings,
+        )
         from trainer.device import resolve_device
         from trainer.errors import TrainerError
 
@@ -194,9 +200,7 @@ def register(app: typer.Typer) -> None:
             if data.get("model", "tiny") != "tiny":  # the warm-up's settings suit the tiny model only
                 defaults.update(sft_steps=0, base_eval_episodes=0)
             data = {**defaults, **data}
-            # The embedded engine samples while the trainer trains, in this process: half the cores each
-            # (on 2 cores, 2 threads each made the GRPO phase 1.5x slower than 1).
-            torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+            torch.set_num_threads(grpo_threads())  # the embedded engine samples on the same cores
         try:
             run, grpo = split_settings(data)
             resolve_device(grpo.device)  # a GPU asked for and missing fails before anything starts
