@@ -132,8 +132,8 @@ schemas alone run to several thousand tokens of the tiny tokenizer (the tiny mod
 def grpo_threads() -> int:
     """torch threads for the trainer while the embedded engine samples on the same cores: half the cores
     each. On 2 cores, 2 trainer threads made the GRPO phase 1.5x slower than 1, and a step of
-    `bench/e2e_rollouts.py` 3.3x slower (3.23 s against 0.96 s): the engine preempts one of the two, and
-    every parallel op then waits for it."""
+    `bench/e2e_rollouts.py` 2.5-3.4x slower (3.23 s against 0.96-1.29 s): the engine preempts one of the
+    two, and every parallel op then waits for it."""
     return max(1, (os.cpu_count() or 2) // 2)
 
 
