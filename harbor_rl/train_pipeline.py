@@ -144,8 +144,17 @@ def default_split(harness: str) -> str:
 
 @dataclass
 class EvalResult:
-    rewards: list[float]
-    unscoreable: int
+    episodes: list[float | None]
+    """Each episode's env reward, in episode order (None: unscoreable). Episode i has the same task and
+    sampling seed in every evaluation of a run (`evaluate`)."""
+
+    @property
+    def rewards(self) -> list[float]:
+        return [r for r in self.episodes if r is not None]
+
+    @property
+    def unscoreable(self) -> int:
+        return len(self.episodes) - len(self.rewards)
 
     @property
     def mean(self) -> float:
@@ -159,10 +168,13 @@ class EvalResult:
 
 @dataclass
 class Gain:
-    """After minus before, with the standard error of the difference (independent samples)."""
+    """After minus before, with its standard error: paired over the episodes both scored when the two
+    evaluations ran the same episodes, else as independent samples."""
 
     delta: float
     stderr: float
+    paired: int = 0
+    """Episodes the gain pairs (0: independent samples)."""
 
     @property
     def significant(self) -> bool:
@@ -171,6 +183,14 @@ class Gain:
 
 
 def grpo_gain(before: EvalResult, after: EvalResult) -> Gain:
+    """The gain from `before` to `after`. Episode i of both had the same task and sampling seed, so
+    their difference is taken episode by episode (a paired test): how hard a task is, and what the
+    seed drew where the two policies agree, cancels out of it instead of counting as noise."""
+    if len(before.episodes) == len(after.episodes):
+        pairs = zip(before.episodes, after.episodes, strict=True)
+        diffs = [a - b for b, a in pairs if a is not None and b is not None]
+        if len(diffs) > 1:
+            return Gain(statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs)), len(diffs))
     return Gain(after.mean - before.mean, math.hypot(before.stderr, after.stderr))
 
 
@@ -261,8 +281,7 @@ def evaluate(
     with ThreadPoolExecutor(max_workers=config.max_concurrent_rollouts) as pool:
         rewards = list(pool.map(one, range(episodes)))
     factory.close()
-    scored = [r for r in rewards if r is not None]
-    return EvalResult(scored, len(rewards) - len(scored))
+    return EvalResult(rewards)
 
 
 def launched_ranks() -> int:

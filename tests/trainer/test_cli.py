@@ -4,12 +4,13 @@ to end (real engine, real harbor serve, env-factory harness, gloo weight sync) o
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
 
 from harbor_rl.cli import app
-from harbor_rl.train_pipeline import split_settings
+from harbor_rl.train_pipeline import EvalResult, grpo_gain, split_settings
 from trainer.errors import TrainerConfigError
 
 
@@ -19,6 +20,24 @@ def test_one_mapping_splits_into_run_and_grpo_settings() -> None:
     assert (run.model, run.split, grpo.max_steps, grpo.num_generations) == ("tiny", "env-tasks", 3, 2)
     with pytest.raises(TrainerConfigError, match="no_such_setting"):
         split_settings({"no_such_setting": 1})
+
+
+def test_the_gain_pairs_episodes_that_share_their_task_and_seed() -> None:
+    # Two tasks, one hard (0.0-0.2) and one easy (0.8-1.0); every episode gains 0.1. Independent samples
+    # count the tasks' spread as noise; the paired difference has none.
+    before = EvalResult([0.0, 0.8, 0.1, 0.9, 0.0, 0.8, 0.1, 0.9])
+    after = EvalResult([0.1, 0.9, 0.2, 1.0, 0.1, 0.9, 0.2, 1.0])
+    gain = grpo_gain(before, after)
+    assert gain.paired == 8 and gain.delta == pytest.approx(0.1) and gain.stderr == pytest.approx(0.0, abs=1e-9)
+    independent = math.hypot(before.stderr, after.stderr)
+    assert independent > 0.1 and gain.significant
+    # An episode unscoreable on either side leaves the pairs; its partner does not count.
+    gain = grpo_gain(EvalResult([0.0, None, 0.5, 1.0]), EvalResult([1.0, 1.0, 0.5, None]))
+    assert (gain.paired, gain.delta) == (2, pytest.approx(0.5))
+    # Evaluations of different lengths share no episodes: independent samples.
+    gain = grpo_gain(EvalResult([0.0, 1.0, 0.0]), EvalResult([1.0, 1.0]))
+    assert gain.paired == 0 and gain.delta == pytest.approx(1 - 1 / 3)
+    assert gain.stderr == pytest.approx(math.hypot(EvalResult([0.0, 1.0, 0.0]).stderr, 0.0))
 
 
 def test_reward_curve_png(tmp_path) -> None:
