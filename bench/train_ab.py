@@ -35,7 +35,7 @@ BASELINE = "cbea7b4"
 """main before issue 35's work on `harbor train`'s speed (2026-12-05)."""
 QUICK_ARGS = ["--set", "max_steps=2", "--set", "eval_episodes=8", "--set", "base_eval_episodes=4",
               "--set", "sft_steps=4", "--set", "demo_episodes=4"]  # fmt: skip
-GAIN = re.compile(r"GRPO gain ([+-][\d.]+) ± ([\d.]+) s\.e\.[^;]*; exceeds 2 s\.e\. \(([\d.]+)\)\? (yes|no)")
+GAIN = re.compile(r"GRPO gain ([+-][\d.]+) ± ([\d.]+) s\.e\.; exceeds 2 s\.e\. \(([\d.]+)\)\? (yes|no)")
 EVAL_ROW = re.compile(
     r"│\s+(after SFT|before GRPO|after GRPO)\s+│\s+(\d+)\s+│\s+(\d+)\s+│\s+([\d.]+)\s+│\s+([\d.]+)\s+│"
 )

@@ -264,11 +264,15 @@ def _report(console, evaluations: dict[str, Any], history, output_dir: str, seco
     if start is not None and "after" in evaluations:
         gain = grpo_gain(start, evaluations["after"])
         verdict = "[green]yes: not noise[/]" if gain.significant else "[yellow]no: within noise[/]"
-        paired = f"paired over {gain.paired} episodes" if gain.paired else "independent samples"
-        console.print(
-            f"GRPO gain {gain.delta:+.3f} ± {gain.stderr:.3f} s.e. ({paired}); exceeds 2 s.e. "
-            f"({2 * gain.stderr:.3f})? {verdict}"
+        basis = (
+            f"of the episode-by-episode difference: {gain.paired} episodes, the same tasks and seeds in both"
+            if gain.paired
+            else "of two independent samples"
         )
+        console.print(
+            f"GRPO gain {gain.delta:+.3f} ± {gain.stderr:.3f} s.e.; exceeds 2 s.e. ({2 * gain.stderr:.3f})? {verdict}"
+        )
+        console.print(f"  (s.e. {basis})")
     rewards = [h.get("reward") for h in history]
     console.print("reward per step: " + " ".join("-" if r is None else f"{r:.2f}" for r in rewards))
     from harbor_rl.reward_plot import reward_curve_png
