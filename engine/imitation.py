@@ -13,7 +13,9 @@ engine sends (`x-policy-version`); `policy_version=None` sends none, as vLLM.
 
 The "model" is a byte-level tokenizer (id = byte + 3; 1 = <|im_start|>, 2 = <|im_end|>, the EOS)
 with a chat template, and a deterministic sampler; so later prompts extend earlier prompt+completion ids
-exactly as a real chat template does, and a test can predict every id and logprob.
+exactly as a real chat template does, and a test can predict every id and logprob. With
+`bytes_per_token` k > 1 (benchmarks) each k bytes of a message's text are one id of a ~150k vocabulary,
+as a real BPE tokenizer's ~4 bytes a token and 6-digit ids make a prompt's size and its JSON.
 
 Knobs (latency, completion length, failure injection) live in `ImitationSettings`, changeable at run
 time through `POST /imitation/settings`; `GET /imitation/requests` returns the bodies it received.
@@ -31,7 +33,7 @@ from typing import Any, Literal
 
 import orjson
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
 from engine.protocol import (
@@ -66,6 +68,10 @@ class ImitationSettings(BaseModel):
     """The served model name (reported in replies and by /v1/models)."""
     prompt_tokens: int | None = None
     """Fixed prompt length in tokens (benchmarks); None encodes the messages with the chat template."""
+    bytes_per_token: int = Field(1, ge=1, le=16)
+    """Bytes of text per token (benchmarks): 1 is the byte-level tokenizer tests predict; k > 1 hashes
+    each k bytes of a message's text (and of a completion) into one id of a larger vocabulary, keeping
+    every later prompt an extension of the earlier prompt + completion."""
     completion_tokens: int = 16
     """Tokens per completion, EOS included, unless `max_tokens` stops it first (finish_reason length)."""
     latency_s: float = 0.0
@@ -102,17 +108,30 @@ class ImitationSettings(BaseModel):
 # -- the "tokenizer" and chat template ----------------------------------------------------------
 
 
-def encode(text: str) -> list[int]:
-    return [b + BYTE_OFFSET for b in text.encode()]
+CHUNK_VOCAB = 151_000
+"""Vocabulary size when `bytes_per_token` > 1 (a Qwen-sized one: ids of up to 6 digits)."""
+
+
+def encode(text: str, k: int = 1) -> list[int]:
+    """Text as ids: one a byte, or with k > 1 one per k bytes (an id >= VOCAB_SIZE hashed from them)."""
+    if k == 1:
+        return [b + BYTE_OFFSET for b in text.encode()]
+    data = text.encode()
+    span = CHUNK_VOCAB - VOCAB_SIZE
+    return [VOCAB_SIZE + zlib.crc32(data[i : i + k]) % span for i in range(0, len(data), k)]
 
 
 _SPECIAL = {0: "<|endoftext|>", IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
 
 
 def decode_token(tid: int) -> str:
-    """Any id of the vocabulary: a top-logprob alternative near its end wraps round to the special ids."""
+    """Any id of the vocabulary: a top-logprob alternative near its end wraps round to the special ids.
+    A hashed id (`bytes_per_token` > 1) cannot be decoded alone: U+FFFD, as a tokenizer shows a piece
+    of a character."""
     if tid < BYTE_OFFSET:
         return _SPECIAL[tid]
+    if tid >= VOCAB_SIZE:
+        return "\ufffd"
     return bytes([tid - BYTE_OFFSET]).decode("utf-8", errors="replace")
 
 
@@ -128,22 +147,24 @@ def tool_call_text(name: str, arguments: str) -> str:
     return f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
 
 
-def render_message(m: dict) -> list[int]:
+def render_message(m: dict, k: int = 1) -> list[int]:
+    """One message: its role line and its text encoded apart (with k = 1 the same ids as together), so
+    that an assistant message's text has the ids its completion had."""
     text = _content_text(m.get("content"))
     for tc in m.get("tool_calls") or ():
         fn = tc.get("function") or {}
         text += tool_call_text(fn.get("name", ""), fn.get("arguments") or "{}")
-    return [IM_START, *encode(f"{m.get('role', '')}\n{text}"), IM_END]
+    return [IM_START, *encode(f"{m.get('role', '')}\n", k), *encode(text, k), IM_END]
 
 
-def chat_prompt_ids(messages: list[dict], tools: list | None) -> list[int]:
+def chat_prompt_ids(messages: list[dict], tools: list | None, k: int = 1) -> list[int]:
     """The chat template: an optional tools block, each message, then the generation prompt."""
     ids: list[int] = []
     if tools:
-        ids += [IM_START, *encode("tools\n" + orjson.dumps(tools).decode()), IM_END]
+        ids += [IM_START, *encode("tools\n" + orjson.dumps(tools).decode(), k), IM_END]
     for m in messages:
-        ids += render_message(m)
-    return ids + [IM_START, *encode("assistant\n")]
+        ids += render_message(m, k)
+    return ids + [IM_START, *encode("assistant\n", k)]
 
 
 def logprob_of(tid: int, position: int) -> float:
@@ -190,20 +211,32 @@ class _Completion:
                 words.append(w)
                 size += len(w)
                 i = i * 1103515245 + 12345
-            text = "".join(words)[: max(settings.completion_tokens - 1, 0)]
-        ids = [*encode(text), IM_END]
+            text = "".join(words)[: max(settings.completion_tokens - 1, 0) * settings.bytes_per_token]
+        self.k = k = settings.bytes_per_token
+        ids = [*encode(text, k), IM_END]
         self.finish_reason = "tool_calls" if self.tool else "stop"
         if limit is not None and limit < len(ids):
             ids = ids[:limit]
-            text = text[:limit]
+            text = text[:limit] if k == 1 else text.encode()[: limit * k].decode(errors="ignore")
             self.finish_reason = "length"
             self.tool = None
         self.ids = ids
         self.text = text
         self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
+        self._texts: list[str] | None = None
 
     def token_texts(self) -> list[str]:
-        return [decode_token(t) if t == IM_END else chr(t - BYTE_OFFSET) for t in self.ids]
+        if self.k == 1:
+            return [decode_token(t) if t == IM_END else chr(t - BYTE_OFFSET) for t in self.ids]
+        if self._texts is None:
+            data = self.text.encode()
+            texts = [data[i : i + self.k].decode(errors="replace") for i in range(0, len(data), self.k)]
+            self._texts = [*texts, decode_token(IM_END)][: len(self.ids)]
+        return self._texts
+
+    def shown(self, i: int) -> str:
+        """The decoded text of completion token i (a logprob entry's `bytes`)."""
+        return decode_token(self.ids[i]) if self.k == 1 else self.token_texts()[i]
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -247,11 +280,11 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
                 fixed_prompt[n] = [BYTE_OFFSET + (i * 7919) % 256 for i in range(n)]
             return fixed_prompt[n]
         if endpoint == "chat":
-            return chat_prompt_ids(body["messages"], body.get("tools"))
+            return chat_prompt_ids(body["messages"], body.get("tools"), s().bytes_per_token)
         prompt = body["prompt"]
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return list(prompt)
-        return encode(prompt if isinstance(prompt, str) else prompt[0])
+        return encode(prompt if isinstance(prompt, str) else prompt[0], s().bytes_per_token)
 
     async def handle(request: Request, endpoint: str) -> Response:
         try:
@@ -506,15 +539,18 @@ def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
     return decode_token(tid)
 
 
-def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int) -> dict:
+def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int, decoded: str | None = None) -> dict:
+    """One token's logprob entry as vLLM builds it (`_create_chat_logprobs` and `_get_top_logprobs` in
+    vllm/entrypoints/openai/chat_completion/serving.py): the entry's `bytes` are the decoded token's,
+    each top-logprob alternative's the bytes of the token string it shows (`token_id:N` too)."""
     tok = _token_string(tid, i, cfg)
     lp = logprob_of(tid, i)
-    decoded = decode_token(tid)
-    entries = [{"token": tok, "logprob": lp, "bytes": list(decoded.encode())}] if top else []
+    decoded = decode_token(tid) if decoded is None else decoded
+    entries = [{"token": tok, "logprob": lp, "bytes": list(tok.encode())}] if top else []
     for k in range(1, top):
         alt = (tid + k) % VOCAB_SIZE
         alt_tok = token_id_string(alt) if cfg.token_id_strings else decode_token(alt)
-        entries.append({"token": alt_tok, "logprob": lp - k, "bytes": list(decode_token(alt).encode())})
+        entries.append({"token": alt_tok, "logprob": lp - k, "bytes": list(alt_tok.encode())})
     return {"token": tok, "logprob": lp, "bytes": list(decoded.encode()), "top_logprobs": entries}
 
 
@@ -543,7 +579,7 @@ def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: Im
     logprobs = None
     if _wants_logprobs(body, cfg):
         top = body.get("top_logprobs") or 0
-        logprobs = {"content": [_chat_logprob(t, i, cfg, top) for i, t in enumerate(comp.ids)]}
+        logprobs = {"content": [_chat_logprob(t, i, cfg, top, comp.shown(i)) for i, t in enumerate(comp.ids)]}
     choice = {
         "index": 0, "message": message, "logprobs": logprobs, "finish_reason": comp.finish_reason,
         "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
@@ -604,6 +640,9 @@ def _chat_deltas(comp: _Completion) -> Iterator[dict]:
         return
     n_prefix = len(comp.prefix.encode())
     n_args = len(comp.tool["arguments"].encode())
+    if comp.k > 1:
+        yield from _chunked_tool_deltas(comp, n_prefix, n_args)
+        return
     for i, t in enumerate(texts):
         if i == n_prefix - 1:
             yield {
@@ -618,6 +657,24 @@ def _chat_deltas(comp: _Completion) -> Iterator[dict]:
             }
         elif n_prefix <= i < n_prefix + n_args:
             yield {"tool_calls": [{"index": 0, "function": {"arguments": t}}]}
+        else:
+            yield {}
+
+
+def _chunked_tool_deltas(comp: _Completion, n_prefix: int, n_args: int) -> Iterator[dict]:
+    """The tool-call deltas when a token is k bytes: the call's header with the token that ends its
+    prefix, and each token's share of the arguments' bytes."""
+    data, k = comp.text.encode(), comp.k
+    args = data[n_prefix : n_prefix + n_args]
+    for i in range(len(comp.ids)):
+        start, end = i * k, min((i + 1) * k, len(data))
+        piece = args[max(start - n_prefix, 0) : max(end - n_prefix, 0)].decode(errors="replace")
+        function: dict[str, str] = {"arguments": piece} if piece else {}
+        if start <= n_prefix - 1 < end:
+            call = {"id": comp.call_id, "type": "function", "index": 0}
+            yield {"tool_calls": [{**call, "function": {"name": comp.tool["name"], **function}}]}  # type: ignore[index]
+        elif piece:
+            yield {"tool_calls": [{"index": 0, "function": function}]}
         else:
             yield {}
 
@@ -647,7 +704,17 @@ async def _chat_stream(
     }
     if cfg.fail == "cut" and cfg.fail_after_chunks == 0:
         raise ConnectionAbortedError("imitation: stream cut before the first event (injected failure)")
-    yield _event({**head, "choices": [first], "prompt_token_ids": prompt_ids if wants_ids else None})
+    # vLLM sets these fields explicitly and dumps chunks with `exclude_unset=True`, so its chunks keep
+    # them when they are None: the first one's `prompt_token_ids` and `prompt_text`, every later one's
+    # `token_ids` (vllm/entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator).
+    yield _event(
+        {
+            **head,
+            "choices": [first],
+            "prompt_token_ids": prompt_ids if wants_ids else None,
+            "prompt_text": None,
+        }
+    )
     sent = 1
     for i, (tid, delta) in enumerate(zip(comp.ids, _chat_deltas(comp), strict=True)):
         if (end := await _maybe_fail(cfg, sent)) is not None:
@@ -657,13 +724,13 @@ async def _chat_stream(
             await asyncio.sleep(cfg.token_latency_s)
         last = i == len(comp.ids) - 1
         choice: dict[str, Any] = {
-            "index": 0, "delta": delta, "logprobs": {"content": [_chat_logprob(tid, i, cfg, top)]} if wants_lp else None,
+            "index": 0, "delta": delta,
+            "logprobs": {"content": [_chat_logprob(tid, i, cfg, top, comp.shown(i))]} if wants_lp else None,
             "finish_reason": comp.finish_reason if last else None,
         }  # fmt: skip
         if last:
             choice["stop_reason"] = None
-        if wants_ids:
-            choice["token_ids"] = [tid]
+        choice["token_ids"] = [tid] if wants_ids else None
         yield _event({**head, "choices": [choice]})
         sent += 1
     if (body.get("stream_options") or {}).get("include_usage"):
@@ -728,12 +795,14 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=None)
     parser.add_argument("--completion-tokens", type=int, default=16)
     parser.add_argument("--latency-s", type=float, default=0.0)
+    parser.add_argument("--bytes-per-token", type=int, default=1)
+    parser.add_argument("--tool-arguments", default=None, help="every tool call's arguments, verbatim")
     args = parser.parse_args()
     import uvicorn
 
     settings = ImitationSettings(
         model=args.model, prompt_tokens=args.prompt_tokens, completion_tokens=args.completion_tokens,
-        latency_s=args.latency_s,
+        latency_s=args.latency_s, bytes_per_token=args.bytes_per_token, tool_arguments=args.tool_arguments,
     )  # fmt: skip
     uvicorn.run(
         create_imitation_app(settings),
