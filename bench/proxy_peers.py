@@ -74,6 +74,7 @@ ADMIN_KEY = "bench-admin-key-0123456789"
 COMPLETION_TOKENS = 64
 TURNS_PER_SESSION = 32
 LONG_SESSION_TURNS = 2000
+QUICK_LONG_TURNS = 200
 TARGETS = ("direct", "harbor-rl", "openenv", "litellm")
 CAPTURE_PARAMS = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 """What a client must ask an engine (or a plain router) for to train on the reply."""
@@ -83,6 +84,37 @@ TOOL_OUTPUT = (
     "$ pytest -q tests/test_parser.py\n"
     + "F.F..  [100%]\nFAILED tests/test_parser.py::test_quoted - AssertionError: expected 'a b'\n" * 2
 )
+
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a bash command in the repository and return its output.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "The command to run."}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+"""The agent load's one tool, as mini-swe-agent's and opencode's bash tools are declared."""
+BYTES_PER_TOKEN = 4
+"""The agent load's engine tokenizes ~4 bytes a token (a real BPE's rate; ids of up to 6 digits)."""
+
+
+def _tool_arguments(tokens: int) -> str:
+    """A bash call's arguments sized so the whole tool call (hermes markup included) is `tokens` tokens
+    with the EOS, every one of them with its id and logprob in the engine's reply."""
+    markup = len('<tool_call>{"name": "bash", "arguments": }</tool_call>') + len('{"command": ""}')
+    command = (
+        "cd /repo && python -m pytest -q tests/test_parser.py -x 2>&1 | tail -n 40 && git diff --stat; " * 4
+    )
+    return '{"command": "' + command[: (tokens - 1) * BYTES_PER_TOKEN - markup] + '"}'
+
+
+TOOL_ARGUMENTS = _tool_arguments(COMPLETION_TOKENS)
 
 console = Console(width=170)
 
@@ -111,6 +143,8 @@ class Level:
     """CPU ms per request of each round, in round order (prompt-size levels measured in rounds)."""
     failed: int = 0
     first_failure: str = ""
+    prompt_tokens: list[int] = field(default_factory=list)
+    """The prompt's tokens of each call whose reply said (its usage)."""
 
 
 # -- processes -----------------------------------------------------------------------------------
@@ -141,7 +175,8 @@ def serve_relay(port: int, upstream: str) -> None:
     """The floor under any Python capture proxy on this stack (the prompt-size runs' `relay`): uvicorn
     and a bare ASGI app that reads the agent's body, parses it and the engine's reply (as any capture
     must), and passes the reply on over the engine transport our proxy uses. No session, no capture,
-    no store: what is left of our proxy's CPU above this row is what capturing costs."""
+    no store: what is left of our proxy's CPU above this row is what capturing costs. A streamed call
+    is relayed read by read, each of its events parsed."""
     import uvicorn
 
     from capture_proxy.transport import FastHTTPTransport, request_head
@@ -150,6 +185,24 @@ def serve_relay(port: int, upstream: str) -> None:
     key = (url.host, url.port or 80)
     head = request_head("POST", *key, "/v1/chat/completions", {"content-type": "application/json"})
     transport = FastHTTPTransport()
+    client = httpx.AsyncClient(transport=transport, timeout=300)
+
+    async def relay_stream(sent: bytes, send) -> None:
+        """A streamed call: each read of the engine's SSE passed on as it comes, its events parsed."""
+        request = client.build_request("POST", f"{upstream}/v1/chat/completions", content=sent,
+                                       headers={"content-type": "application/json"})  # fmt: skip
+        reply = await client.send(request, stream=True)
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        rest = b""
+        async for data in reply.stream:
+            *events, rest = (rest + data).split(b"\n\n")
+            for event in events:
+                if event.startswith(b"data: ") and event != b"data: [DONE]":
+                    orjson.loads(event[6:])
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await reply.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -163,7 +216,11 @@ def serve_relay(port: int, upstream: str) -> None:
             body, more = body + message.get("body", b""), message.get("more_body", False)
         out = b'{"status":"ok"}'
         if scope["path"] == "/v1/chat/completions":
-            sent = orjson.dumps(orjson.loads(body))
+            parsed = orjson.loads(body)
+            sent = orjson.dumps(parsed)
+            if parsed.get("stream"):
+                await relay_stream(sent, send)
+                return
             reply = await transport.post(key, head, sent, connect_timeout=10, read_timeout=300)
             orjson.loads(reply.content)
             out = reply.content
@@ -177,12 +234,17 @@ def serve_relay(port: int, upstream: str) -> None:
 
 
 def start_engine(
-    port: int, core: int | None, logdir: Path, prompt_ids: int | None = None
+    port: int, core: int | None, logdir: Path, prompt_ids: int | None = None, agent_load: bool = False
 ) -> subprocess.Popen:
+    """The engine imitation: a fixed prompt of `prompt_ids` ids (the plain load's prompt-size runs),
+    or, for the agent load, prompts tokenized from the chat (BYTES_PER_TOKEN bytes a token) and every
+    tool call COMPLETION_TOKENS tokens."""
     args = [sys.executable, "-m", "engine.imitation", "--port", str(port), "--model", MODEL,
             "--completion-tokens", str(COMPLETION_TOKENS)]  # fmt: skip
     if prompt_ids is not None:
         args += ["--prompt-tokens", str(prompt_ids)]
+    if agent_load:
+        args += ["--bytes-per-token", str(BYTES_PER_TOKEN), "--tool-arguments", TOOL_ARGUMENTS]
     with (logdir / "engine.log").open("w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})))  # fmt: skip
@@ -286,6 +348,107 @@ class Agent:
         self.messages.append({"role": "assistant", "content": reply})
         self.messages.append({"role": "user", "content": TOOL_OUTPUT})
 
+    def take(self, raw: bytes, stream: bool) -> int | None:
+        """The reply into the context; the prompt's tokens when the reply says (None for this load)."""
+        self.observe(reply_text(raw, stream))
+        return None
+
+
+def reply_message(raw: bytes, stream: bool) -> tuple[dict, int | None]:
+    """The assistant message (content and tool calls, as a client's SDK assembles them) from a JSON
+    reply or an SSE stream, and the prompt's tokens from its usage when it has one."""
+    if not stream:
+        reply = orjson.loads(raw)
+        message = reply["choices"][0]["message"]
+        return message, (reply.get("usage") or {}).get("prompt_tokens")
+    content: list[str] = []
+    calls: dict[int, dict] = {}
+    prompt_tokens = None
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = orjson.loads(line[6:])
+        if "error" in event:
+            raise RuntimeError(f"stream error event: {event['error']}")
+        prompt_tokens = (event.get("usage") or {}).get("prompt_tokens", prompt_tokens)
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            content.append(delta.get("content") or "")
+            for tc in delta.get("tool_calls") or ():
+                call = calls.setdefault(tc.get("index", 0), {"id": "", "type": "function",
+                                                             "function": {"name": "", "arguments": ""}})  # fmt: skip
+                call["id"] = tc.get("id") or call["id"]
+                fn = tc.get("function") or {}
+                call["function"]["name"] += fn.get("name") or ""
+                call["function"]["arguments"] += fn.get("arguments") or ""
+    message = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message, prompt_tokens
+
+
+_AGENT_HISTORIES: dict[int, list[dict]] = {}
+
+
+def agent_history(prompt_ids: int) -> list[dict]:
+    """A coding agent's conversation whose chat prompt is `prompt_ids` tokens on the agent load's engine
+    (to within one token): the task, then bash calls and their output, the task padded to the size."""
+    from engine.imitation import chat_prompt_ids, render_message
+
+    if prompt_ids not in _AGENT_HISTORIES:
+        k = BYTES_PER_TOKEN
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        size = len(chat_prompt_ids(messages, AGENT_TOOLS, k))
+        n = 0
+        while True:
+            call = {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": "bash", "arguments": TOOL_ARGUMENTS},
+            }
+            pair = [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": f"call_{n}", "content": TOOL_OUTPUT}]  # fmt: skip
+            grows = sum(len(render_message(m, k)) for m in pair)
+            if size + grows > prompt_ids:
+                break
+            messages += pair
+            size += grows
+            n += 1
+        note = " Notes so far: the parser splits quoted arguments on spaces inside the quotes."
+        task = TASK + (note * (1 + (prompt_ids - size) * k // len(note)))[: (prompt_ids - size) * k]
+        messages[1] = {"role": "user", "content": task}
+        _AGENT_HISTORIES[prompt_ids] = messages
+    return list(_AGENT_HISTORIES[prompt_ids])
+
+
+class ToolAgent:
+    """The agent load: a coding agent with a bash tool, whose context grows each turn by the model's
+    tool call (an assistant message with `tool_calls`, replayed as the model wrote it) and the tool's
+    reply (a `tool` message), as real agents send it; the reply may be streamed or not."""
+
+    def __init__(self, prompt_ids: int) -> None:
+        self.prompt_ids = prompt_ids
+        self.compact()
+
+    def compact(self) -> None:
+        self.messages = agent_history(self.prompt_ids)
+
+    def body(self, stream: bool, extra: dict) -> bytes:
+        return orjson.dumps({"model": MODEL, "messages": self.messages, "tools": AGENT_TOOLS, "stream": stream,
+                             **extra})  # fmt: skip
+
+    def take(self, raw: bytes, stream: bool) -> int | None:
+        message, prompt_tokens = reply_message(raw, stream)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            raise RuntimeError(f"the agent load expects a tool call, got {str(message)[:200]}")
+        calls = [{"id": c["id"], "type": "function", "function": {"name": c["function"]["name"],
+                  "arguments": c["function"]["arguments"]}} for c in calls]  # fmt: skip
+        self.messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
+        for c in calls:
+            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": TOOL_OUTPUT})
+        return prompt_tokens
+
 
 async def call(client: httpx.AsyncClient, url: str, key: str, body: bytes, stream: bool) -> bytes:
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
@@ -330,13 +493,16 @@ async def timed_turn(
     `level`; False, counted as failed, when it broke."""
     t0 = time.perf_counter()
     try:
-        text = reply_text(await call(client, url, key, agent.body(stream, extra), stream), stream)
-    except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError) as exc:
+        raw = await call(client, url, key, agent.body(stream, extra), stream)
+        prompt_tokens = agent.take(raw, stream)
+        latency = time.perf_counter() - t0
+    except (httpx.HTTPError, RuntimeError, orjson.JSONDecodeError, KeyError, TypeError) as exc:
         level.failed += 1
         level.first_failure = level.first_failure or repr(exc)[:300]
         return False
-    level.latencies.append(time.perf_counter() - t0)
-    agent.observe(text)
+    level.latencies.append(latency)
+    if prompt_tokens is not None:
+        level.prompt_tokens.append(prompt_tokens)
     return True
 
 
@@ -392,7 +558,7 @@ class Outcome:
 
 def plan(quick: bool, agents: list[int] | None = None) -> dict[int, int]:
     """Agents -> sessions (of 32 turns) per agent."""
-    default = {1: 2, 16: 1, 64: 1} if quick else {1: 8, 16: 2, 64: 1}
+    default = {1: 1, 16: 1, 64: 1} if quick else {1: 8, 16: 2, 64: 1}
     return {n: default.get(n, 1) for n in agents} if agents else default
 
 
@@ -457,13 +623,27 @@ def run_target(name: str, engine_url: str, proxy_core: int | None, quick: bool, 
 # -- real turn sizes ------------------------------------------------------------------------------
 
 PROMPT_SIZES = {512: 2, 16_384: 70}
-"""Prompt ids the engine reports -> KB of history the agents send."""
+"""Prompt ids at a session's start -> KB of history the plain load's agents send (the agent load's
+history is sized in the engine's tokens, ~4 bytes each: about the same KB)."""
 SIZE_PLAN = {1: (4, 48), 16: (1, 24), 64: (1, 8)}
-"""Agents -> (sessions per agent, turns per session) at each prompt size."""
+"""The plain load: agents -> (sessions per agent, turns per session) at each prompt size."""
+AGENT_SIZE_PLAN = {1: (12, 16), 16: (1, 16), 64: (1, 8)}
+"""The agent load: sessions of 16 turns (8 at 64 agents); each turn adds ~120 tokens (the tool call
+and its output), so a session's prompts run from its start to ~1.8k tokens above it."""
+QUICK_SIZE_PLAN = {1: (2, 16), 16: (1, 8), 64: (1, 4)}
+"""--quick: a few calls a level (a check that the runs work; numbers are indicative only)."""
 SIZE_TARGETS = ("direct", "relay", "harbor-rl", "openenv")
 """`relay` (serve_relay) is for the prompt-size runs only."""
 SIZE_ROUNDS = 3
 """Rounds of each prompt-size level (interleaved_levels); a level's CPU is its median round's."""
+LOADS = ("agent", "plain")
+LOAD_TITLES = {
+    "agent": "the agent load: chat body with a bash tool, history growing by tool calls and tool replies, "
+    "capture proxies sent the agent's plain body, the engine's reply carrying ids and logprobs of every "
+    "completion token; streamed and not",
+    "plain": "the plain load: agents asking for ids and logprobs themselves, text history growing per turn, "
+    "fixed prompt ids, non-streamed",
+}
 
 
 @dataclass
@@ -476,30 +656,37 @@ class SizeOutcome:
     """Our proxy's store after the runs: turns, bytes, and per column group."""
 
 
+def size_plan(load: str, quick: bool) -> dict[int, tuple[int, int]]:
+    return QUICK_SIZE_PLAN if quick else AGENT_SIZE_PLAN if load == "agent" else SIZE_PLAN
+
+
 async def run_size_level(
-    target: Target, agents: int, turns: int, history_kb: int, sessions: int = 1
+    target: Target, load: str, prompt_ids: int, stream: bool, agents: int, turns: int, sessions: int = 1
 ) -> Level:
-    """`agents` agents at once, each `sessions` sessions of `turns` non-streamed turns asking for ids
-    and logprobs (each session starting from the same history)."""
-    level = Level(False, agents)
+    """`agents` agents at once, each `sessions` sessions of `turns` turns (each session starting from
+    the same history). On the plain load every agent asks for ids and logprobs itself; on the agent
+    load only where no capture proxy adds them (`direct`, `relay`: Target.extra)."""
+    level = Level(stream, agents)
     url = f"{target.url}/v1/chat/completions"
+    extra = CAPTURE_PARAMS if load == "plain" else target.extra
     limits = httpx.Limits(max_connections=agents + 4, max_keepalive_connections=agents + 4)
     async with httpx.AsyncClient(limits=limits, timeout=300) as client:
 
         async def agent_loop() -> None:
             for _ in range(sessions):
-                agent = Agent(history_kb)
+                agent = Agent(PROMPT_SIZES[prompt_ids]) if load == "plain" else ToolAgent(prompt_ids)
                 key, _ = await target.mint(client)
                 for _ in range(turns):
-                    if not await timed_turn(level, client, url, key, agent, False, CAPTURE_PARAMS):
+                    if not await timed_turn(level, client, url, key, agent, stream, extra):
                         return
 
         await run_agents(level, target, agent_loop, agents)
     return level
 
 
-def store_stats(db: Path, prompt_ids: int) -> dict:
-    """What our proxy's SQLite store holds after a prompt-size run (WAL checkpointed into the file)."""
+def store_stats(db: Path, prompt_ids: float) -> dict:
+    """What our proxy's SQLite store holds after a prompt-size run (WAL checkpointed into the file);
+    tokens counted as turns x (`prompt_ids`, the mean prompt, + the completion)."""
     import sqlite3
 
     with sqlite3.connect(db) as conn:
@@ -508,7 +695,7 @@ def store_stats(db: Path, prompt_ids: int) -> dict:
             "SELECT count(*), sum(length(request)), sum(length(response)), sum(length(prompt_ids) + "
             "length(completion_ids) + length(logps) + length(loss_mask)), sum(length(metadata)) FROM turns"
         ).fetchone()
-    tokens = turns * (prompt_ids + COMPLETION_TOKENS)
+    tokens = round(turns * (prompt_ids + COMPLETION_TOKENS))
     return {"turns": turns, "tokens": tokens, "bytes": db.stat().st_size, "request": request or 0,
             "response": response or 0, "arrays": arrays or 0, "metadata": meta or 0}  # fmt: skip
 
@@ -521,11 +708,11 @@ def start_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: i
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     folder = logdir / f"prompt-{prompt_ids}-{name}"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     proc = None
     try:
         if name == "direct":
-            return outcome, Target(name, engine_url, None, _no_session), None
+            return outcome, Target(name, engine_url, None, _no_session, dict(CAPTURE_PARAMS)), None
         if name == "harbor-rl":
             proc = start_harbor(port, engine_url, proxy_core, folder)
             return outcome, Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c)), proc
@@ -535,7 +722,7 @@ def start_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: i
             return outcome, Target(name, url, proc.pid, lambda c: _mint(url, {}, c)), proc
         if name == "relay":
             proc = start_relay(port, engine_url, proxy_core, folder)
-            return outcome, Target(name, url, proc.pid, _no_session), proc
+            return outcome, Target(name, url, proc.pid, _no_session, dict(CAPTURE_PARAMS)), proc
         raise ValueError(f"the prompt-size runs measure {', '.join(SIZE_TARGETS)}, not {name!r}")
     except peers.PeerUnavailable as exc:
         outcome.note = f"not run: {exc}"
@@ -549,11 +736,12 @@ def start_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: i
 def merge_rounds(rounds: list[Level]) -> Level:
     """One level from its rounds: their requests, wall time and latencies pooled; CPU per request the
     median round's, so one round caught in a slow phase of a shared machine does not decide it."""
-    merged = Level(False, rounds[0].agents)
+    merged = Level(rounds[0].stream, rounds[0].agents)
     for lv in rounds:
         merged.requests += lv.requests
         merged.wall_s += lv.wall_s
         merged.latencies += lv.latencies
+        merged.prompt_tokens += lv.prompt_tokens
         merged.failed += lv.failed
         merged.first_failure = merged.first_failure or lv.first_failure
     merged.cpu_rounds = [lv.cpu_ms for lv in rounds if lv.cpu_ms is not None]
@@ -581,36 +769,44 @@ def cpu_ratio(ours: Level, theirs: Level, floor: Level | None = None) -> float |
     return statistics.median(ratios) if ratios else None
 
 
-async def interleaved_levels(targets: list[Target], history_kb: int, rounds: int) -> dict[str, list[Level]]:
-    """Every level of SIZE_PLAN, `rounds` times, the targets taking turns (each round starts with the
-    next one): the CPU the verdict compares is measured seconds apart, not a minute apart, so the
-    machine's slow phases fall on every target alike."""
+async def interleaved_levels(
+    targets: list[Target], load: str, prompt_ids: int, rounds: int, plan: dict[int, tuple[int, int]],
+    streams: tuple[bool, ...] = (False,),
+) -> dict[str, list[Level]]:  # fmt: skip
+    """Every level of `plan`, for each of `streams`, `rounds` times, the targets taking turns (each
+    round starts with the next one): the CPU the verdict compares is measured seconds apart, not a
+    minute apart, so the machine's slow phases fall on every target alike."""
     for target in targets:
-        await run_size_level(target, 4, 3, history_kb)  # warm-up
+        await run_size_level(target, load, prompt_ids, False, 4, 3)  # warm-up
     out: dict[str, list[Level]] = {t.name: [] for t in targets}
-    for agents, (sessions, turns) in SIZE_PLAN.items():
-        per_round: dict[str, list[Level]] = {t.name: [] for t in targets}
-        for r in range(rounds):
-            for target in targets[r % len(targets) :] + targets[: r % len(targets)]:
-                per_round[target.name].append(
-                    await run_size_level(target, agents, turns, history_kb, sessions)
-                )
-        for name, levels in per_round.items():
-            level = merge_rounds(levels)
-            cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
-            console.log(f"{name} {agents} agents: {level.requests / level.wall_s:.0f} req/s{cpu}, "
-                        f"{level.failed} failed ({rounds} rounds)")  # fmt: skip
-            out[name].append(level)
+    for stream in streams:
+        for agents, (sessions, turns) in plan.items():
+            per_round: dict[str, list[Level]] = {t.name: [] for t in targets}
+            for r in range(rounds):
+                for target in targets[r % len(targets) :] + targets[: r % len(targets)]:
+                    per_round[target.name].append(
+                        await run_size_level(target, load, prompt_ids, stream, agents, turns, sessions)
+                    )
+            for name, levels in per_round.items():
+                level = merge_rounds(levels)
+                cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
+                console.log(f"{name} stream={stream} {agents} agents: {level.requests / level.wall_s:.0f} req/s"
+                            f"{cpu}, {level.failed} failed ({rounds} rounds)")  # fmt: skip
+                out[name].append(level)
     return out
 
 
 def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | None, install: bool,
-              logdir: Path, rounds: int) -> list[SizeOutcome]:  # fmt: skip
+              logdir: Path, rounds: int, load: str = "agent", quick: bool = False) -> list[SizeOutcome]:  # fmt: skip
     outcomes = []
+    plan = size_plan(load, quick)
+    streams = (False, True) if load == "agent" else (False,)
     for prompt_ids in PROMPT_SIZES:
         port = free_port()
         engine_url = f"http://127.0.0.1:{port}"
-        engine = start_engine(port, engine_core, logdir, prompt_ids)
+        engine = start_engine(
+            port, engine_core, logdir, None if load == "agent" else prompt_ids, agent_load=load == "agent"
+        )
         started = [
             start_size_target(name, prompt_ids, engine_url, proxy_core, install, logdir)
             for name in SIZE_TARGETS
@@ -619,7 +815,7 @@ def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | Non
         try:
             running = [target for _, target, _ in started if target is not None]
             if running:
-                levels = asyncio.run(interleaved_levels(running, PROMPT_SIZES[prompt_ids], rounds))
+                levels = asyncio.run(interleaved_levels(running, load, prompt_ids, rounds, plan, streams))
                 for outcome, target, _ in started:
                     if target is not None:
                         outcome.levels = levels[target.name]
@@ -633,38 +829,51 @@ def run_sizes(targets: list[str], proxy_core: int | None, engine_core: int | Non
                 peers.stop(proc)
             peers.stop(engine)
         db = logdir / f"prompt-{prompt_ids}-harbor-rl" / "traces.db"
+        mean = mean_prompt([o for o, _, _ in started], prompt_ids) if load == "agent" else prompt_ids
         for outcome, _, _ in started:
             if outcome.name == "harbor-rl" and db.exists():
-                outcome.store = store_stats(db, prompt_ids)
+                outcome.store = store_stats(db, mean or prompt_ids)
         outcomes += [outcome for outcome, _, _ in started]
     return outcomes
 
 
-def size_table(outcomes: list[SizeOutcome]) -> Table:
-    table = Table(
-        title="Real turn sizes: agents asking for ids and logprobs, non-streamed, history growing per turn"
-    )
-    for col in ("prompt ids", "history KB", "agents", "target", "req/s", "vs direct", "p50 ms", "p99 ms",
+def mean_prompt(outcomes: list[SizeOutcome], prompt_ids: int, agents: int | None = None) -> float | None:
+    """The mean prompt tokens the engine reported (replies' usage) at a size, over every target's
+    levels (or those of `agents` agents)."""
+    seen = [t for o in outcomes if o.prompt_ids == prompt_ids for lv in o.levels
+            if agents is None or lv.agents == agents for t in lv.prompt_tokens]  # fmt: skip
+    return statistics.fmean(seen) if seen else None
+
+
+def size_table(outcomes: list[SizeOutcome], load: str = "agent") -> Table:
+    table = Table(title=f"Real turn sizes, {LOAD_TITLES[load]}")
+    size_col = "mean prompt ids" if load == "agent" else "history KB"
+    for col in ("prompt ids", size_col, "stream", "agents", "target", "req/s", "vs direct", "p50 ms", "p99 ms",
                 "added p50 ms", "added p99 ms", "CPU ms/req", "CPU vs openenv", "above relay vs openenv",
                 "failed", "note"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("target", "note") else "right")
     find = {(o.prompt_ids, o.name): o for o in outcomes}
     for o in outcomes:
         if not o.levels:
-            table.add_row(str(o.prompt_ids), "", "-", o.name, *[""] * 10, o.note[:160] or "no result")
+            table.add_row(str(o.prompt_ids), "", "", "-", o.name, *[""] * 10, o.note[:160] or "no result")
             continue
         for lv in o.levels:
-            d = _level(find.get((o.prompt_ids, "direct")), lv.agents)
-            peer = _level(find.get((o.prompt_ids, "openenv")), lv.agents)
-            relay = _level(find.get((o.prompt_ids, "relay")), lv.agents)
+            d = _level(find.get((o.prompt_ids, "direct")), lv.agents, lv.stream)
+            peer = _level(find.get((o.prompt_ids, "openenv")), lv.agents, lv.stream)
+            relay = _level(find.get((o.prompt_ids, "relay")), lv.agents, lv.stream)
             vs_peer = cpu_ratio(lv, peer) if peer else None
             above = (
                 cpu_ratio(lv, peer, relay) if peer and relay and o.name not in ("direct", "relay") else None
             )
             rate = lv.requests / lv.wall_s
             added = o.name != "direct" and d is not None
+            if load == "agent":
+                mean = mean_prompt(outcomes, o.prompt_ids, lv.agents)
+                size = f"{mean:.0f}" if mean else ""
+            else:
+                size = str(PROMPT_SIZES[o.prompt_ids])
             table.add_row(
-                str(o.prompt_ids), str(PROMPT_SIZES[o.prompt_ids]), str(lv.agents), o.name, f"{rate:.0f}",
+                str(o.prompt_ids), size, "yes" if lv.stream else "no", str(lv.agents), o.name, f"{rate:.0f}",
                 f"{rate / (d.requests / d.wall_s):.2f}x" if d else "",
                 f"{pct(lv.latencies, 0.5):.2f}", f"{pct(lv.latencies, 0.99):.2f}",
                 f"{pct(lv.latencies, 0.5) - pct(d.latencies, 0.5):+.2f}" if added else "",
@@ -676,13 +885,19 @@ def size_table(outcomes: list[SizeOutcome]) -> Table:
     return table
 
 
-def _level(outcome: SizeOutcome | None, agents: int) -> Level | None:
-    lv = next((x for x in outcome.levels if x.agents == agents), None) if outcome else None
+def _level(outcome: SizeOutcome | None, agents: int, stream: bool = False) -> Level | None:
+    lv = (
+        next((x for x in outcome.levels if (x.agents, x.stream) == (agents, stream)), None)
+        if outcome
+        else None
+    )
     return lv if lv is not None and lv.requests else None
 
 
-def store_table(outcomes: list[SizeOutcome]) -> Table:
-    table = Table(title="Our proxy's store after the turn-size runs (SQLite file, WAL checkpointed)")
+def store_table(outcomes: list[SizeOutcome], load: str = "agent") -> Table:
+    table = Table(
+        title=f"Our proxy's store after the turn-size runs ({load} load; SQLite file, WAL checkpointed)"
+    )
     for col in ("prompt ids", "turns", "M tokens", "MB", "bytes/token", "request MB", "response MB",
                 "arrays MB", "metadata MB"):  # fmt: skip
         table.add_column(col, justify="right")
@@ -698,41 +913,45 @@ def store_table(outcomes: list[SizeOutcome]) -> Table:
     return table
 
 
-def size_verdict(outcomes: list[SizeOutcome]) -> list[str]:
-    """The turn-size targets: CPU at most a third of OpenEnv's at both sizes; at 512 ids and 64 agents
-    at least 0.9 of direct's req/s; at 16k ids and one agent at most 10 ms added p99; at most 1.5 bytes
-    per token in the store at 16k ids."""
+def size_verdict(outcomes: list[SizeOutcome], load: str = "agent") -> list[str]:
+    """The turn-size targets: CPU at most a third of OpenEnv's at both sizes, every level; at 64 agents
+    at least 0.9 of direct's req/s at both sizes; at 16k ids and one agent at most 10 ms added p99;
+    at most 1.5 bytes per token in the store at 16k ids. Streamed and non-streamed levels apart."""
     find = {(o.prompt_ids, o.name): o for o in outcomes}
-    lines = []
+    lines = [f"targets on {load} load:"]
     for prompt_ids in PROMPT_SIZES:
         ours, peer = find.get((prompt_ids, "harbor-rl")), find.get((prompt_ids, "openenv"))
         if not ours or not ours.levels:
             lines.append(f"{prompt_ids} ids: harbor-rl not measured")
             continue
-        if peer and peer.levels:
-            pairs = [(a, b) for a in ours.levels if (b := _level(peer, a.agents))]
-            ratios = [r for a, b in pairs if (r := cpu_ratio(a, b)) is not None]
-            worst = max(ratios) if ratios else float("nan")
-            lines.append(f"{prompt_ids} ids: CPU/req vs OpenEnv at most {worst:.2f}x (target <= 0.33): "
-                         f"{'yes' if worst <= 1 / 3 else 'NO'}")  # fmt: skip
-            relay = find.get((prompt_ids, "relay"))
-            above = [
-                r
-                for a, b in pairs
-                if (f := _level(relay, a.agents)) and (r := cpu_ratio(a, b, f)) is not None
-            ]
-            if above:
-                lines.append(f"{prompt_ids} ids: CPU/req above the bare relay's vs OpenEnv's above it: at most "
-                             f"{max(above):.2f}x (no target; the relay is the floor under any capture)")  # fmt: skip
-        direct = find.get((prompt_ids, "direct"))
-        if prompt_ids == 512 and (a := _level(ours, 64)) and (d := _level(direct, 64)):
-            ratio = (a.requests / a.wall_s) / (d.requests / d.wall_s)
-            lines.append(f"512 ids, 64 agents: {ratio:.2f}x direct's req/s (target >= 0.90): "
-                         f"{'yes' if ratio >= 0.9 else 'NO'}")  # fmt: skip
-        if prompt_ids == 16_384 and (a := _level(ours, 1)) and (d := _level(direct, 1)):
-            added = pct(a.latencies, 0.99) - pct(d.latencies, 0.99)
-            lines.append(f"16384 ids, 1 agent: added p99 {added:+.2f} ms (target <= 10): "
-                         f"{'yes' if added <= 10 else 'NO'}")  # fmt: skip
+        direct, relay = find.get((prompt_ids, "direct")), find.get((prompt_ids, "relay"))
+        for stream in sorted({lv.stream for lv in ours.levels}):
+            how = "streamed" if stream else "non-streamed"
+            mine = [lv for lv in ours.levels if lv.stream == stream]
+            if peer and peer.levels:
+                pairs = [(a, b) for a in mine if (b := _level(peer, a.agents, stream))]
+                ratios = [(a.agents, r) for a, b in pairs if (r := cpu_ratio(a, b)) is not None]
+                worst = max((r for _, r in ratios), default=float("nan"))
+                each = " / ".join(f"{r:.2f}x" for _, r in ratios)
+                lines.append(f"{prompt_ids} ids, {how}: CPU/req vs OpenEnv {each} at "
+                             f"{' / '.join(str(n) for n, _ in ratios)} agents (target <= 0.33): "
+                             f"{'yes' if worst <= 1 / 3 else 'NO'}")  # fmt: skip
+                above = [
+                    r
+                    for a, b in pairs
+                    if (f := _level(relay, a.agents, stream)) and (r := cpu_ratio(a, b, f)) is not None
+                ]
+                if above:
+                    lines.append(f"{prompt_ids} ids, {how}: CPU/req above the bare relay's vs OpenEnv's above it: "
+                                 f"at most {max(above):.2f}x (no target; the relay is the floor under any capture)")  # fmt: skip
+            if (a := _level(ours, 64, stream)) and (d := _level(direct, 64, stream)):
+                ratio = (a.requests / a.wall_s) / (d.requests / d.wall_s)
+                lines.append(f"{prompt_ids} ids, {how}, 64 agents: {ratio:.2f}x direct's req/s (target >= 0.90): "
+                             f"{'yes' if ratio >= 0.9 else 'NO'}")  # fmt: skip
+            if prompt_ids == 16_384 and (a := _level(ours, 1, stream)) and (d := _level(direct, 1, stream)):
+                added = pct(a.latencies, 0.99) - pct(d.latencies, 0.99)
+                lines.append(f"16384 ids, {how}, 1 agent: added p99 {added:+.2f} ms (target <= 10): "
+                             f"{'yes' if added <= 10 else 'NO'}")  # fmt: skip
         if prompt_ids == 16_384 and ours.store.get("turns"):
             per_token = ours.store["bytes"] / ours.store["tokens"]
             lines.append(f"16384 ids: store {per_token:.2f} bytes/token (target <= 1.5): "
@@ -851,8 +1070,14 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer sessions at 1 and 16 agents (the long session keeps its 2,000 turns)",
+        help=f"fewer sessions and calls a level, one round, a long session of {QUICK_LONG_TURNS} turns "
+        "(a check that it runs, ~2 min without LiteLLM)",
     )
+    parser.add_argument(
+        "--load", choices=LOADS, default="agent",
+        help="the prompt-size runs' load: agent (default: tools, tool-call history, streamed and not) or "
+        "plain (the rows before 2026-12-06: text history, ids asked for by the agents, non-streamed)",
+    )  # fmt: skip
     parser.add_argument(
         "--targets", nargs="+", default=[*TARGETS, "relay"], choices=(*TARGETS, "relay"),
         help="relay: a bare uvicorn relay, the floor under any capture (prompt-size runs only)",
@@ -888,7 +1113,7 @@ def main() -> None:
     proxy_core, engine_core = (cores[0], cores[-1]) if len(cores) >= 2 else (None, None)
     if engine_core is not None:
         os.sched_setaffinity(0, {engine_core})  # the load generator shares the engine's core
-    long_turns = args.long_turns or LONG_SESSION_TURNS
+    long_turns = args.long_turns or (QUICK_LONG_TURNS if args.quick else LONG_SESSION_TURNS)
     logdir = Path(tempfile.mkdtemp(prefix="harbor-bench-peers-"))
     pinning = (
         f"proxies pinned to core {proxy_core}, engine and agents to core {engine_core}"
@@ -896,10 +1121,12 @@ def main() -> None:
         else "nothing pinned (one core)"
     )
     rounds = args.size_rounds or (1 if args.quick else SIZE_ROUNDS)
-    sizes = run_sizes(args.targets, proxy_core, engine_core, not args.no_install, logdir, rounds)
-    console.print(size_table(sizes))
-    console.print(store_table(sizes))
-    for line in size_verdict(sizes):
+    sizes = run_sizes(
+        args.targets, proxy_core, engine_core, not args.no_install, logdir, rounds, args.load, args.quick
+    )
+    console.print(size_table(sizes, args.load))
+    console.print(store_table(sizes, args.load))
+    for line in size_verdict(sizes, args.load):
         console.print(line)
     if args.prompt_sizes_only:
         console.print(f"{pinning}; logs in {logdir}")
