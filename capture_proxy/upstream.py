@@ -103,19 +103,27 @@ def _check_parts(parts: list, where: str) -> None:
             raise bad_request(f"{where}[{j}].text must be a string", f"{where}[{j}].text")
 
 
+_MESSAGE_STR_KEYS = ("name", "tool_call_id", "reasoning_content")
+
+
 def _check_message(m: dict, i: int) -> None:
     """The message fields a chat template reads: a malformed one is the agent's error (400), not a
-    request that crashes the engine and makes the whole rollout unscoreable."""
-    content = m.get("content")
-    if content is not None and not isinstance(content, str | list):
-        raise bad_request(
-            f"messages[{i}].content must be a string, an array of parts or null", f"messages[{i}]"
-        )
-    if isinstance(content, list):
+    request that crashes the engine and makes the whole rollout unscoreable. Runs for every message of
+    every call (an agent's history is hundreds of them), so the checks are inline and an error's text
+    is only built when there is one."""
+    get = m.get
+    content = get("content")
+    if content is not None and not isinstance(content, str):
+        if not isinstance(content, list):
+            raise bad_request(
+                f"messages[{i}].content must be a string, an array of parts or null", f"messages[{i}]"
+            )
         _check_parts(content, f"messages[{i}].content")
-    for key in ("name", "tool_call_id", "reasoning_content"):
-        _check_str(m, key, f"messages[{i}]")
-    calls = m.get("tool_calls")
+    for key in _MESSAGE_STR_KEYS:
+        v = get(key)
+        if v is not None and not isinstance(v, str):
+            _check_str(m, key, f"messages[{i}]")
+    calls = get("tool_calls")
     if calls is None:
         return
     if not isinstance(calls, list):
@@ -127,7 +135,8 @@ def _check_message(m: dict, i: int) -> None:
                 f"messages[{i}].tool_calls[{j}] must have a 'function' with a string 'name'", f"messages[{i}]"
             )
         # Arguments that are not valid JSON are kept: models write them, and the agent replays them.
-        if fn.get("arguments") is not None and not isinstance(fn["arguments"], str | dict):
+        arguments = fn.get("arguments")
+        if arguments is not None and not isinstance(arguments, str) and not isinstance(arguments, dict):
             raise bad_request(
                 f"messages[{i}].tool_calls[{j}].function.arguments must be a string", f"messages[{i}]"
             )
