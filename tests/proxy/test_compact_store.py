@@ -17,6 +17,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
+from capture_proxy.store.codec import PackedMask, decode_mask, encode_mask, prefix_mask
 from capture_proxy.store.schema import TurnRow
 
 from .conftest import MODEL
@@ -87,3 +88,13 @@ def test_compact_turns_read_back_as_captured(proxy, stream, engine_fields):
     assert [r.request_shared for r in rows] == [0] + [len(m) - 2 for m in calls[1:]]
     # Non-streamed replies with ids and logprobs keep them in the arrays only.
     assert all(bool(r.response_elided) == (engine_fields and not stream) for r in rows)
+
+
+def test_a_prefix_masks_packed_form_is_what_its_list_packs_to() -> None:
+    for n_prompt, n_completion in ((0, 0), (0, 5), (3, 0), (7, 9), (8, 8), (512, 64), (16_384, 63)):
+        for trainable in (True, False):
+            mask = prefix_mask(n_prompt, n_completion, trainable)
+            assert type(mask) is PackedMask
+            assert mask == [0] * n_prompt + [int(trainable)] * n_completion
+            assert mask.packed == encode_mask(list(mask))
+            assert decode_mask(mask.packed, n_prompt + n_completion) == list(mask)
