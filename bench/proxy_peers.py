@@ -1,6 +1,7 @@
 """Capture proxy vs its peers: the same engine imitation and the same agents, direct and through each proxy.
 
     python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm relay] [--no-install]
+                                [--prompt-sizes-only] [--load agent|plain]
 
 Targets, one at a time in front of one engine (the prompt-size runs below interleave them):
 `direct` (the agents call the engine themselves); `harbor-rl` (our capture proxy: uvicorn + the real
@@ -29,16 +30,26 @@ Then one session of 2,000 turns per target (sequential, non-streaming; the agent
 context every 32 turns, so the work per turn stays the same all along): whether a turn's latency and
 CPU grow with the session's length, per tenth of the session.
 
-Then real coding-agent turn sizes (`--prompt-sizes-only` runs just these): an engine reporting 512
-prompt ids to agents sending a 2 KB history, and one reporting 16,384 to agents sending a 70 KB one;
-the agents ask for logprobs and token ids themselves (as a trainer's client does), non-streamed, at
-1, 16 and 64 agents, each agent's history growing by the reply and a tool output per turn. For our
-proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and what
-the request, response and array columns hold. These runs also measure `relay`, the floor under any
+Then real coding-agent turn sizes (`--prompt-sizes-only` runs just these): prompts of 512 and 16,384
+tokens at a session's start, at 1, 16 and 64 agents, with one of two loads (`--load`):
+- `agent` (the default since 2026-12-06): what real agents send and what vLLM answers. A chat body with
+  a `bash` tool, the history growing each turn by the model's tool call (an assistant message with
+  `tool_calls`) and the tool's reply (a `tool` message); the engine answers every call with a tool call
+  of 64 tokens, ids and logprobs for every one of them, streamed and not. Its prompt ids come from the
+  chat (~4 bytes a token: a 2 KB history is 512 tokens, 76 KB is 16,384), so each prompt extends the
+  last prompt + completion; sessions of 16 turns (8 at 64 agents) grow ~125 tokens a turn, and the
+  table shows the mean prompt the engine reported. Capture proxies get the agent's plain body (they add
+  the capture parameters and strip the reply); `direct` and `relay` are sent the parameters themselves.
+- `plain` (the rows before 2026-12-06): a text history of 2 KB or 70 KB growing by the reply and a
+  tool output per turn, the agents asking for logprobs and token ids themselves (as a trainer's client
+  does), an engine reporting a fixed prompt of 512 or 16,384 ids, non-streamed.
+For our proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and
+what the request, response and array columns hold. These runs also measure `relay`, the floor under any
 capture: a bare uvicorn relay that parses and passes on, capturing and storing nothing. All targets
 of a prompt size run at once (idle ones cost nothing) and take turns level by level, in 3 rounds
 (`--size-rounds`; 1 with --quick), so that a slow phase of a shared machine falls on all of them:
 a level's CPU is its median round's, and CPU ratios are the median of the ratios within a round.
+bench/proxy_load_factors.py explains the difference between the two loads one factor at a time.
 """
 
 from __future__ import annotations
