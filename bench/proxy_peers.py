@@ -84,6 +84,8 @@ MODEL = "imitation-model"
 ADMIN_KEY = "bench-admin-key-0123456789"
 COMPLETION_TOKENS = 64
 TURNS_PER_SESSION = 32
+QUICK_TURNS = 8
+"""--quick: turns of each session in the main runs."""
 LONG_SESSION_TURNS = 2000
 QUICK_LONG_TURNS = 200
 TARGETS = ("direct", "harbor-rl", "openenv", "litellm")
@@ -477,8 +479,10 @@ async def call(client: httpx.AsyncClient, url: str, key: str, body: bytes, strea
     return raw
 
 
-async def run_level(target: Target, stream: bool, agents: int, sessions_per_agent: int) -> Level:
-    """`agents` agents at once, each running `sessions_per_agent` sessions of 32 turns."""
+async def run_level(
+    target: Target, stream: bool, agents: int, sessions_per_agent: int, turns: int = TURNS_PER_SESSION
+) -> Level:
+    """`agents` agents at once, each running `sessions_per_agent` sessions of `turns` turns."""
     level = Level(stream, agents)
     url = f"{target.url}/v1/chat/completions"
     limits = httpx.Limits(max_connections=agents + 4, max_keepalive_connections=agents + 4)
@@ -489,7 +493,7 @@ async def run_level(target: Target, stream: bool, agents: int, sessions_per_agen
             for _ in range(sessions_per_agent):
                 key, _ = await target.mint(client)
                 agent.compact()
-                for _ in range(TURNS_PER_SESSION):
+                for _ in range(turns):
                     if not await timed_turn(level, client, url, key, agent, stream, target.extra):
                         break  # the session is broken; start the next one
 
@@ -580,7 +584,7 @@ async def measure(
     levels = []
     for stream in (False, True):
         for n, sessions in plan(quick, agents).items():
-            level = await run_level(target, stream, n, sessions)
+            level = await run_level(target, stream, n, sessions, QUICK_TURNS if quick else TURNS_PER_SESSION)
             rate = level.requests / level.wall_s if level.wall_s else 0
             cpu = f", {level.cpu_ms:.2f} ms CPU/req" if level.cpu_ms is not None else ""
             console.log(
@@ -641,7 +645,7 @@ SIZE_PLAN = {1: (4, 48), 16: (1, 24), 64: (1, 8)}
 AGENT_SIZE_PLAN = {1: (12, 16), 16: (1, 16), 64: (1, 8)}
 """The agent load: sessions of 16 turns (8 at 64 agents); each turn adds ~120 tokens (the tool call
 and its output), so a session's prompts run from its start to ~1.8k tokens above it."""
-QUICK_SIZE_PLAN = {1: (2, 16), 16: (1, 8), 64: (1, 4)}
+QUICK_SIZE_PLAN = {1: (1, 16), 16: (1, 4), 64: (1, 2)}
 """--quick: a few calls a level (a check that the runs work; numbers are indicative only)."""
 SIZE_TARGETS = ("direct", "relay", "harbor-rl", "openenv")
 """`relay` (serve_relay) is for the prompt-size runs only."""
