@@ -26,6 +26,14 @@ class SSEDecoder:
         self._buf = b""
 
     def feed(self, data: bytes) -> list[bytes]:
+        # The commonest read of a token stream: exactly one whole one-line `data:` event.
+        if (
+            not self._buf
+            and data[-2:] == b"\n\n"
+            and data[:5] == b"data:"
+            and data.find(b"\n") == len(data) - 2
+        ):
+            return [data[5:-2].lstrip()]
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
