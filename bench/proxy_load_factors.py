@@ -20,6 +20,8 @@ thing from the first (`baseline`, bench/proxy_peers.py's plain load of the rows 
 - `agent body, streamed`: the same, streamed.
 - `OpenEnv CLI settings` (OpenEnv only): OpenEnv as its CLI serves it where uvloop and httptools are
   absent (`pip install openenv` alone): asyncio + h11, INFO logs and the access log.
+- `agent body, SDK, pause 10 ms`: three factors at once (an agent's real pace and client on the agent
+  load), and `the same, OpenEnv CLI settings` (OpenEnv only) adds the fourth.
 
 Both proxies run at once pinned to the first core (idle ones cost nothing), the engines and the client
 on the second; the variants take turns within each of `--rounds` rounds, and a cell is its median
@@ -90,6 +92,17 @@ VARIANTS = (
     Variant("agent body", "agent", _tool_agent, {}),
     Variant("agent body, streamed", "agent", _tool_agent, {}, stream=True),
     Variant("OpenEnv CLI settings", "plain", _plain_agent, CAPTURE, openenv="cli", ours=False),
+    Variant("agent body, SDK, pause 10 ms", "agent", _tool_agent, {}, pause_s=0.010, sdk=True),
+    Variant(
+        "the same, OpenEnv CLI settings",
+        "agent",
+        _tool_agent,
+        {},
+        pause_s=0.010,
+        sdk=True,
+        openenv="cli",
+        ours=False,
+    ),  # fmt: skip
 )
 
 _OPENENV_CLI = """
@@ -171,7 +184,7 @@ def main() -> None:
             procs.append(pp.start_engine(port, engine_core, folder, PROMPT_IDS if engine == "plain" else None,
                                          agent_load=engine == "agent"))  # fmt: skip
             engine_url = f"http://127.0.0.1:{port}"
-            for name in ("harbor-rl", "openenv", "cli") if engine == "plain" else ("harbor-rl", "openenv"):
+            for name in ("harbor-rl", "openenv", "cli"):
                 port = pp.free_port()
                 url = f"http://127.0.0.1:{port}"
                 if name == "harbor-rl":
