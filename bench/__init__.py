@@ -101,7 +101,7 @@ KNOWN: tuple[Benchmark, ...] = (
         "proxy_peers",
         "Capture proxy vs its peers (OpenEnv's capture proxy, LiteLLM) and direct, same engine and load.",
         in_quick=False,
-        timeout_s=(2400, 2700),
+        timeout_s=(2400, 3300),
         plots=(
             Plot(
                 "proxy_peers_latency.png",
