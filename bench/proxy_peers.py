@@ -63,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -317,17 +317,23 @@ async def captured_turns(target: Target, session_id: str, client: httpx.AsyncCli
 # -- the agents -----------------------------------------------------------------------------------
 
 
-def reply_text(raw: bytes, stream: bool) -> str:
-    """The assistant's text, from a JSON reply or an SSE stream."""
-    if not stream:
-        return orjson.loads(raw)["choices"][0]["message"]["content"] or ""
-    parts = []
+def sse_events(raw: bytes) -> Iterator[dict]:
+    """The events of an SSE stream, [DONE] left out; an error event raises."""
     for line in raw.split(b"\n"):
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
         event = orjson.loads(line[6:])
         if "error" in event:
             raise RuntimeError(f"stream error event: {event['error']}")
+        yield event
+
+
+def reply_text(raw: bytes, stream: bool) -> str:
+    """The assistant's text, from a JSON reply or an SSE stream."""
+    if not stream:
+        return orjson.loads(raw)["choices"][0]["message"]["content"] or ""
+    parts = []
+    for event in sse_events(raw):
         for choice in event.get("choices") or ():
             parts.append((choice.get("delta") or {}).get("content") or "")
     return "".join(parts)
@@ -377,12 +383,7 @@ def reply_message(raw: bytes, stream: bool) -> tuple[dict, int | None]:
     content: list[str] = []
     calls: dict[int, dict] = {}
     prompt_tokens = None
-    for line in raw.split(b"\n"):
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        event = orjson.loads(line[6:])
-        if "error" in event:
-            raise RuntimeError(f"stream error event: {event['error']}")
+    for event in sse_events(raw):
         prompt_tokens = (event.get("usage") or {}).get("prompt_tokens", prompt_tokens)
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
