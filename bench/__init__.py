@@ -138,6 +138,12 @@ KNOWN: tuple[Benchmark, ...] = (
         ),
     ),
     Benchmark(
+        "proxy_load_factors",
+        "Why loads price a capture proxy differently: OpenEnv's and our CPU per call, one factor at a time.",
+        in_quick=False,
+        timeout_s=(600, 1800),
+    ),
+    Benchmark(
         "store_ingest", "Trace store ingest (SQLite, PostgreSQL) vs the same turns as JSONL.", core="one"
     ),
     Benchmark(

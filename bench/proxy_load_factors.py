@@ -1,6 +1,6 @@
 """Why two loads price a capture proxy differently: OpenEnv's and our CPU per call, one factor at a time.
 
-    python bench/proxy_load_factors.py [--calls 96] [--rounds 3] [--no-install]
+    python bench/proxy_load_factors.py [--calls 96] [--rounds 3] [--no-install] [--quick]
 
 One agent, sessions of 32 turns, 512 prompt ids at a session's start; each variant below changes one
 thing from the first (`baseline`, bench/proxy_peers.py's plain load of the rows before 2026-12-06):
@@ -167,7 +167,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=96, help="calls a cell (96)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; a cell is its median round's (3)")
     parser.add_argument("--no-install", action="store_true", help="do not create OpenEnv's venv")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 16 calls a cell, one round")
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.rounds = 16, 1
     peers.ensure_installed(peers.OPENENV, not args.no_install)
     cores = sorted(os.sched_getaffinity(0))
     proxy_core, engine_core = (cores[0], cores[-1]) if len(cores) >= 2 else (None, None)
