@@ -149,15 +149,19 @@ uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_l
 """
 
 
-def start_openenv(port: int, engine_url: str, model: str, admin_key: str, core: int | None, logdir: Path):
-    """OpenEnv's capture proxy in front of `engine_url`, served by uvicorn as ours is."""
-    log = logdir / "openenv.log"
+def start_openenv(
+    port: int, engine_url: str, model: str, admin_key: str, core: int | None, logdir: Path,
+    script: str | None = None, name: str = "openenv",
+):  # fmt: skip
+    """OpenEnv's capture proxy in front of `engine_url`, served by uvicorn as ours is, or by `script`
+    (which takes the same arguments); its log is `<name>.log`."""
+    log = logdir / f"{name}.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(OPENENV.python), "-c", _OPENENV_MAIN, str(port), engine_url, model, admin_key],
+            [str(OPENENV.python), "-c", script or _OPENENV_MAIN, str(port), engine_url, model, admin_key],
             stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pinned(core), cwd=logdir,
         )  # fmt: skip
-    wait_healthy(proc, f"http://127.0.0.1:{port}/health", "OpenEnv's capture proxy", log)
+    wait_healthy(proc, f"http://127.0.0.1:{port}/health", f"OpenEnv's capture proxy ({name})", log)
     return proc
 
 

@@ -118,15 +118,9 @@ picks when uvloop and httptools are not installed; its log goes to a file, as a 
 
 
 def start_openenv_cli(port: int, engine_url: str, core: int | None, logdir: Path) -> subprocess.Popen:
-    log = logdir / "openenv-cli.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(peers.OPENENV.python), "-c", _OPENENV_CLI, str(port), engine_url, pp.MODEL, pp.ADMIN_KEY],
-            stdout=out, stderr=subprocess.STDOUT, cwd=logdir,
-            preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
-        )  # fmt: skip
-    peers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", "OpenEnv (CLI settings)", log)
-    return proc
+    return peers.start_openenv(
+        port, engine_url, pp.MODEL, pp.ADMIN_KEY, core, logdir, _OPENENV_CLI, "openenv-cli"
+    )
 
 
 async def _sdk_call(url: str, key: str, agent, variant: Variant) -> bytes:
