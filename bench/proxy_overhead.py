@@ -131,36 +131,39 @@ def upstream_body(stream: bool) -> bytes:
 async def load(
     url: str, key: str, body: bytes, stream: bool, concurrency: int, n: int
 ) -> tuple[float, list[float]]:
-    """`n` calls from `concurrency` clients; returns wall seconds and each call's latency."""
+    """`n` calls from `concurrency` clients; returns wall seconds and each call's latency. Each client has
+    its own connection, made before the clock starts, as each agent does: one httpx client pooling 64
+    connections spends much of the load generator's core in its pool's bookkeeping (bench/proxy_peers.py,
+    run_agents), and that core is the engine's."""
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     latencies: list[float] = []
     counter = itertools.count()
-    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+    clients = [httpx.AsyncClient(timeout=120) for _ in range(concurrency)]
 
-        async def worker() -> None:
-            while next(counter) < n:
-                t0 = time.perf_counter()
-                try:
-                    if stream:
-                        async with client.stream("POST", url, content=body, headers=headers) as r:
-                            async for _ in r.aiter_raw():
-                                pass
-                    else:
-                        r = await client.post(url, content=body, headers=headers)
-                except (
-                    httpx.TransportError
-                ) as exc:  # counted and shown, not fatal: an overloaded box drops some
-                    FAILURES.append(f"{url}: {exc!r}")
-                    continue
-                if r.status_code != 200:
-                    FAILURES.append(f"{url} answered {r.status_code}: {r.read()[:300]!r}")
-                    continue
-                latencies.append(time.perf_counter() - t0)
+    async def worker(client: httpx.AsyncClient) -> None:
+        while next(counter) < n:
+            t0 = time.perf_counter()
+            try:
+                if stream:
+                    async with client.stream("POST", url, content=body, headers=headers) as r:
+                        async for _ in r.aiter_raw():
+                            pass
+                else:
+                    r = await client.post(url, content=body, headers=headers)
+            except httpx.TransportError as exc:  # counted and shown, not fatal: an overloaded box drops some
+                FAILURES.append(f"{url}: {exc!r}")
+                continue
+            if r.status_code != 200:
+                FAILURES.append(f"{url} answered {r.status_code}: {r.read()[:300]!r}")
+                continue
+            latencies.append(time.perf_counter() - t0)
 
+    try:
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(client) for client in clients))
         return time.perf_counter() - t0, latencies
+    finally:
+        await asyncio.gather(*(client.aclose() for client in clients))
 
 
 def pct(values: list[float], q: float) -> float:
