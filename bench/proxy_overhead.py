@@ -35,6 +35,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._clients import agent_clients  # noqa: E402
 from bench._cpu import process_cpu_ms  # noqa: E402
 
 MODEL = "imitation-model"
@@ -131,14 +132,11 @@ def upstream_body(stream: bool) -> bytes:
 async def load(
     url: str, key: str, body: bytes, stream: bool, concurrency: int, n: int
 ) -> tuple[float, list[float]]:
-    """`n` calls from `concurrency` clients; returns wall seconds and each call's latency. Each client has
-    its own connection, made before the clock starts, as each agent does: one httpx client pooling 64
-    connections spends much of the load generator's core in its pool's bookkeeping (bench/proxy_peers.py,
-    run_agents), and that core is the engine's."""
+    """`n` calls from `concurrency` clients, each its own (bench/_clients.py); returns wall seconds and
+    each call's latency."""
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
     latencies: list[float] = []
     counter = itertools.count()
-    clients = [httpx.AsyncClient(timeout=120) for _ in range(concurrency)]
 
     async def worker(client: httpx.AsyncClient) -> None:
         while next(counter) < n:
@@ -158,12 +156,10 @@ async def load(
                 continue
             latencies.append(time.perf_counter() - t0)
 
-    try:
+    async with agent_clients(concurrency, 120) as clients:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(client) for client in clients))
         return time.perf_counter() - t0, latencies
-    finally:
-        await asyncio.gather(*(client.aclose() for client in clients))
 
 
 def pct(values: list[float], q: float) -> float:

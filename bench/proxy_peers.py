@@ -78,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers  # noqa: E402  (bench/peers.py, a sibling: this file runs as a script)
 
+from bench._clients import agent_clients  # noqa: E402
 from bench._cpu import tree_cpu_ms  # noqa: E402
 
 MODEL = "imitation-model"
@@ -523,23 +524,13 @@ async def timed_turn(
 async def run_agents(
     level: Level, target: Target, agent_loop: Callable[[httpx.AsyncClient], Awaitable[None]], agents: int
 ) -> None:
-    """`agents` copies of `agent_loop` at once; the level's wall time, requests and target CPU per request.
-
-    Each agent has an HTTP client of its own, made before the clock starts, as each real agent is a
-    process with its own connection. One client shared by 64 agents had measured its own pool instead:
-    httpcore 1.0.9's `AsyncConnectionPool._assign_requests_to_connections` checks every connection
-    against every idle one (a socket poll each) whenever a request starts or ends. At 64 agents and
-    16,384 prompt ids that was 39% of the load generator's samples through our proxy (19% direct), on
-    the engine's core, and every proxy, the bare relay too, read 0.5-0.7x of direct's req/s there
-    (1.0-1.2x with a client per agent; py-spy, 2026-12-06)."""
-    clients = [httpx.AsyncClient(timeout=300) for _ in range(agents)]
-    try:
+    """`agents` copies of `agent_loop` at once, each with its own client (bench/_clients.py); the level's
+    wall time, requests and target CPU per request."""
+    async with agent_clients(agents, 300) as clients:
         before = tree_cpu_ms(target.pid) if target.pid else 0.0
         t0 = time.perf_counter()
         await asyncio.gather(*(agent_loop(client) for client in clients))
         level.wall_s = time.perf_counter() - t0
-    finally:
-        await asyncio.gather(*(client.aclose() for client in clients))
     level.requests = len(level.latencies)
     if target.pid and level.requests:
         level.cpu_ms = (tree_cpu_ms(target.pid) - before) / level.requests
