@@ -52,15 +52,26 @@ def forwarded(upstream: dict) -> bytes:
 
 
 def accept_call(
-    live: LiveSession, endpoint: Endpoint, raw: bytes, dialect: str | None = None
+    live: LiveSession,
+    endpoint: Endpoint,
+    raw: bytes,
+    dialect: str | None = None,
+    *,
+    replay_streams: bool = False,
 ) -> ModelCall | None:
-    """Validate and rewrite the request; None when the step budget is spent (nothing is recorded)."""
+    """Validate and rewrite the request; None when the step budget is spent (nothing is recorded).
+    `replay_streams`: a streamed call is sent to the engine unstreamed, and replayed to the agent."""
     body = parse_body(raw)
     validate_request(body, endpoint)
     if live.max_model_calls and live.calls >= live.max_model_calls:
         return None
     upstream, sampling, wants = rewrite_request(
-        body, endpoint=endpoint, model=live.model, purpose=live.purpose, sampling=live.sampling
+        body,
+        endpoint=endpoint,
+        model=live.model,
+        purpose=live.purpose,
+        sampling=live.sampling,
+        replay_stream=replay_streams,
     )
     content = forwarded(upstream)
     live.calls += 1

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+StreamMode = Literal["relay", "replay"]
+"""How the proxy answers an agent that asks for a stream (`ProxyConfig.stream_mode`)."""
 
 POLICY_VERSION_HEADER = "x-policy-version"
 """Response header in which the engine reports the weight version it sampled with (an integer)."""
@@ -39,6 +44,12 @@ class ProxyConfig(BaseModel):
     """Size of the pooled connection set to the engines."""
     policy_version_header: str = POLICY_VERSION_HEADER
     """Engine response header carrying the policy (weight) version."""
+    stream_mode: StreamMode = "relay"
+    """An agent's streamed call. relay: the engine streams and each event goes on to the agent as it
+    comes, so the agent sees tokens as they are sampled. replay: the engine is asked without streaming
+    and its whole reply goes to the agent as one short event stream once the turn is stored, as
+    OpenEnv's capture proxy does; it costs the proxy (and vLLM's API server) less CPU per call, and the
+    agent gets no token before the last one is sampled."""
 
     @field_validator("upstream_url")
     @classmethod

@@ -1,5 +1,6 @@
 """Non-streamed agent calls: the engine's whole reply read and captured, its turn recorded, and the
-reply passed back with only the engine-only fields the agent asked for.
+reply passed back with only the engine-only fields the agent asked for. Streamed calls come here too
+under `stream_mode = "replay"`, and get that reply as an event stream (`replay`).
 
 The reply is parsed once (orjson) and only its capture fields are looked at; when the agent asked for
 everything the engine sent (ids and logprobs), its bytes go back as they came, not re-serialised."""
@@ -13,6 +14,7 @@ from starlette.responses import Response
 from capture_proxy.calls import ModelCall
 from capture_proxy.engine_client import EngineClient
 from capture_proxy.recording import TurnRecorder
+from capture_proxy.replay import replayed
 from capture_proxy.responses import JSON
 from capture_proxy.upstream import capture_chat, capture_completion, strip_for_agent
 
@@ -39,6 +41,8 @@ class Forwarder:
             raise await self._recorder.transport_failure(
                 call, ValueError(f"engine sent an unreadable reply: {exc!r}"), policy_version
             ) from exc
-        out = orjson.dumps(data) if strip_for_agent(data, call.wants) else resp.content
+        changed = strip_for_agent(data, call.wants)
         await self._recorder.record(call, data, capture, policy_version)
-        return Response(out, media_type=JSON)
+        if call.streamed:  # only under stream_mode "replay": the engine was asked without streaming
+            return replayed(call, data)
+        return Response(orjson.dumps(data) if changed else resp.content, media_type=JSON)

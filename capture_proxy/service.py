@@ -3,7 +3,8 @@
 The HTTP layer (`app.py`) only reads bodies and headers; everything else is behind this facade, so
 `harbor serve` can mount the agent routes on its sandbox-facing port and drive sessions through this
 Python API. The work itself is done by `sessions` (lifecycle, keys), `calls` (admission),
-`forwarding` and `relay` (non-streamed and streamed calls, over `engine_client`) and `recording`.
+`forwarding` and `relay` (non-streamed and streamed calls, over `engine_client`; `replay` for streams
+under `stream_mode = "replay"`) and `recording`.
 
 Hot path per call: one dict lookup for the session key, one JSON parse of the request, one of the
 engine's reply, one serialisation back, one awaited turn write. Nothing looks at earlier turns, so
@@ -46,6 +47,7 @@ class CaptureService:
         recorder = TurnRecorder(config, store, self.writer, self.metrics)
         self._forwarder = Forwarder(self._engine, recorder)
         self._relay = StreamRelay(self._engine, recorder)
+        self._replay_streams = config.stream_mode == "replay"
 
     async def aclose(self) -> None:
         await self._engine.aclose()
@@ -116,11 +118,11 @@ class CaptureService:
     ) -> Response:
         try:
             live = await self._sessions.authenticate(authorization)
-            call = accept_call(live, endpoint, raw, dialect)
+            call = accept_call(live, endpoint, raw, dialect, replay_streams=self._replay_streams)
             if call is None:
                 self.metrics.error("budget_exhausted")
                 response = budget_response(endpoint, live.max_model_calls, parse_body(raw))
-            elif call.streamed:
+            elif call.streamed and not self._replay_streams:
                 response = await self._relay.stream(call)
             else:
                 response = await self._forwarder.forward(call)

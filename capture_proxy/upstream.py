@@ -268,9 +268,10 @@ def validate_request(body: Any, endpoint: Endpoint) -> None:
 
 
 def rewrite_request(
-    body: dict, *, endpoint: Endpoint, model: str, purpose: str, sampling: dict
+    body: dict, *, endpoint: Endpoint, model: str, purpose: str, sampling: dict, replay_stream: bool = False
 ) -> tuple[dict, dict, Wants]:
     """The body sent upstream, the sampling it carries, and which engine-only fields the agent asked for.
+    With `replay_stream` a streamed call goes upstream unstreamed (ProxyConfig.stream_mode "replay").
 
     Train sessions get the session's own sampling (the importance ratio needs the policy's processed
     logprobs, untouched by the agent's truncation or penalties). Eval sessions keep the agent's, except
@@ -289,6 +290,9 @@ def rewrite_request(
         wants.logprobs = body.get("logprobs") is not None
         up["logprobs"] = body.get("logprobs") or 0
     up["return_token_ids"] = True
+    if replay_stream and up.get("stream"):
+        up["stream"] = False
+        up.pop("stream_options", None)  # vLLM refuses stream_options on an unstreamed call (400)
     if purpose == "train":
         up["temperature"] = sampling.get("temperature", 1.0)
         up["top_p"] = sampling.get("top_p", 1.0)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from capture_proxy.config import normalize_engine_url
+from capture_proxy.config import StreamMode, normalize_engine_url
 from tasks.network import AgentNetwork
 
 SandboxName = Literal["local", "docker", "e2b"]
@@ -96,6 +96,9 @@ class ServeConfig(BaseModel):
     """task: the agent phase gets the network its task declares; none: only the capture port (set-up
     and the verifier keep the task's). None: `none` for train rollouts, `task` for eval ones
     (docs/reliability.md, "Network")."""
+    stream_mode: StreamMode = "relay"
+    """How the capture port answers agents' streamed calls (ProxyConfig.stream_mode): relay the engine's
+    events as they come, or replay its whole reply as one event stream (less CPU, no early tokens)."""
     strict: bool = False
     """Refuse a whole dataset when one of its tasks cannot be loaded (default: serve the rest and
     list the refused ones)."""

@@ -138,6 +138,7 @@ class HarborServer:
             upstream_url=self.config.llm_url,
             upstream_api_key=self.config.llm_api_key,
             admin_key=self.config.admin_key,
+            stream_mode=self.config.stream_mode,
         )
         self.service = CaptureService(proxy_config, self.store)
         self._manager = RolloutManager(

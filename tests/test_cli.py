@@ -67,6 +67,11 @@ def test_train_with_a_hub_id_is_one_line_as_the_user_sees_it(tmp_path):
             "proxy",
             "upstream_url: engine URL 'ftp://x' must start with http",
         ),
+        (
+            ["proxy", "--upstream", "http://x", "--stream-mode", "buffer"],
+            "proxy",
+            "stream_mode: Input should be 'relay' or 'replay'",
+        ),
         (["collect", "--provider", "openai"], "collect", "--provider openai needs --llm-url and --model"),
         (
             ["eval", "--harness", "opencode"],

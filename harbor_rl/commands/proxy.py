@@ -29,6 +29,12 @@ def proxy(
         None, "--public-url", help="Base URL agents reach this proxy at, if not the one admin requests use."
     ),
     max_body_mb: int = typer.Option(32, "--max-body-mb", help="Largest agent request body accepted, in MiB."),
+    stream_mode: str = typer.Option(
+        "relay",
+        "--stream-mode",
+        help="Streamed agent calls: relay (the engine streams, each event passed on as it comes) or "
+        "replay (the engine answers whole, replayed as one event stream: less CPU, no early tokens).",
+    ),
 ) -> None:
     """Run the capture proxy: OpenAI-compatible routes for agents, session admin, /health, /metrics."""
     import uvicorn
@@ -48,6 +54,7 @@ def proxy(
         admin_key=key,
         public_base_url=public_url,
         max_body_bytes=max_body_mb * 1024 * 1024,
+        stream_mode=stream_mode,
     )
     trace_store = TraceStore(store)
     console.print(

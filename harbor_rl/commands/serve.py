@@ -85,6 +85,12 @@ def serve(
         "--strict",
         help="Refuse a dataset when any of its tasks cannot be loaded (default: list them, serve the rest).",
     ),
+    stream_mode: str = typer.Option(
+        "relay",
+        "--stream-mode",
+        help="Agents' streamed model calls: relay (the engine streams, each event passed on as it comes) "
+        "or replay (the engine answers whole, replayed as one event stream: less CPU, no early tokens).",
+    ),
     log_level: str = typer.Option(
         "info",
         "--log-level",
@@ -121,6 +127,7 @@ def serve(
         "require_engine": require_engine,
         "agent_network": agent_network,
         "strict": strict,
+        "stream_mode": stream_mode,
     }
     if max_concurrent is not None:
         values["max_concurrent_envs"] = max_concurrent
