@@ -1,6 +1,7 @@
 """Capture proxy vs its peers: the same engine imitation and the same agents, direct and through each proxy.
 
-    python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm relay] [--no-install]
+    python bench/proxy_peers.py [--quick] [--targets direct harbor-rl openenv litellm relay harbor-rl-replay]
+                                [--no-install]
                                 [--prompt-sizes-only] [--load agent|plain]
 
 Targets, one at a time in front of one engine (the prompt-size runs below interleave them):
@@ -45,7 +46,9 @@ tokens at a session's start, at 1, 16 and 64 agents, with one of two loads (`--l
   does), an engine reporting a fixed prompt of 512 or 16,384 ids, non-streamed.
 For our proxy it also reports its store: bytes per token (prompt + completion, summed over turns) and
 what the request, response and array columns hold. These runs also measure `relay`, the floor under any
-capture: a bare uvicorn relay that parses and passes on, capturing and storing nothing. All targets
+capture: a bare uvicorn relay that parses and passes on, capturing and storing nothing; and
+`harbor-rl-replay`, our proxy with `--stream-mode replay`, which answers a stream as OpenEnv does (the
+engine called unstreamed, the reply replayed as SSE), on the streamed levels only. All targets
 of a prompt size run at once (idle ones cost nothing) and take turns level by level, in 3 rounds
 (`--size-rounds`; 1 with --quick), so that a slow phase of a shared machine falls on all of them:
 a level's CPU is its median round's, and CPU ratios are the median of the ratios within a round.
@@ -143,6 +146,8 @@ class Target:
     """Opens a new agent session: (API key, session id or "")."""
     extra: dict = field(default_factory=dict)
     """Fields the agent adds to each body for this target."""
+    streams: tuple[bool, ...] = (False, True)
+    """The levels it runs: non-streamed, streamed or both (harbor-rl-replay differs only streamed)."""
 
 
 @dataclass
@@ -170,15 +175,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_harbor(port: int, upstream: str, store_url: str) -> None:
-    """Our proxy's process: the same app `harbor proxy` serves."""
+def serve_harbor(port: int, upstream: str, store_url: str, stream_mode: str = "relay") -> None:
+    """Our proxy's process: the same app `harbor proxy --stream-mode MODE` serves."""
     import uvicorn
 
     from capture_proxy.app import create_app
     from capture_proxy.config import ProxyConfig
     from capture_proxy.store import TraceStore
 
-    config = ProxyConfig(upstream_url=upstream, admin_key=ADMIN_KEY)
+    config = ProxyConfig(upstream_url=upstream, admin_key=ADMIN_KEY, stream_mode=stream_mode)
     app = create_app(config, TraceStore(store_url), close_store=True)
     uvicorn.run(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, timeout_keep_alive=75
@@ -266,11 +271,14 @@ def start_engine(
     return proc
 
 
-def start_harbor(port: int, engine_url: str, core: int | None, logdir: Path) -> subprocess.Popen:
+def start_harbor(
+    port: int, engine_url: str, core: int | None, logdir: Path, stream_mode: str = "relay"
+) -> subprocess.Popen:
     log = logdir / "harbor.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve-harbor", str(port), engine_url, f"sqlite:///{logdir}/traces.db"],
+            [sys.executable, __file__, "--serve-harbor", str(port), engine_url, f"sqlite:///{logdir}/traces.db",
+             stream_mode],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
             preexec_fn=None if core is None else (lambda: os.sched_setaffinity(0, {core})),
         )  # fmt: skip
@@ -651,8 +659,9 @@ AGENT_SIZE_PLAN = {1: (12, 16), 16: (1, 16), 64: (1, 8)}
 and its output), so a session's prompts run from its start to ~1.8k tokens above it."""
 QUICK_SIZE_PLAN = {1: (1, 16), 16: (1, 4), 64: (1, 2)}
 """--quick: a few calls a level (a check that the runs work; numbers are indicative only)."""
-SIZE_TARGETS = ("direct", "relay", "harbor-rl", "openenv")
-"""`relay` (serve_relay) is for the prompt-size runs only."""
+SIZE_TARGETS = ("direct", "relay", "harbor-rl", "harbor-rl-replay", "openenv")
+"""`relay` (serve_relay) and `harbor-rl-replay` (our proxy with `--stream-mode replay`, streamed levels
+only: it answers a stream as OpenEnv does) are for the prompt-size runs only."""
 SIZE_ROUNDS = 3
 """Rounds of each prompt-size level (interleaved_levels); a level's CPU is its median round's."""
 LOADS = ("agent", "plain")
@@ -730,9 +739,13 @@ def start_size_target(name: str, prompt_ids: int, engine_url: str, proxy_core: i
     try:
         if name == "direct":
             return outcome, Target(name, engine_url, None, _no_session, dict(CAPTURE_PARAMS)), None
-        if name == "harbor-rl":
-            proc = start_harbor(port, engine_url, proxy_core, folder)
-            return outcome, Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c)), proc
+        if name in ("harbor-rl", "harbor-rl-replay"):
+            replay = name == "harbor-rl-replay"
+            proc = start_harbor(port, engine_url, proxy_core, folder, "replay" if replay else "relay")
+            target = Target(name, url, proc.pid, lambda c: _mint(url, {"model": MODEL}, c))
+            if replay:
+                target.streams = (True,)
+            return outcome, target, proc
         if name == "openenv":
             peers.ensure_installed(peers.OPENENV, install)
             proc = peers.start_openenv(port, engine_url, MODEL, ADMIN_KEY, proxy_core, folder)
@@ -798,9 +811,10 @@ async def interleaved_levels(
     out: dict[str, list[Level]] = {t.name: [] for t in targets}
     for stream in streams:
         for agents, (sessions, turns) in plan.items():
-            per_round: dict[str, list[Level]] = {t.name: [] for t in targets}
+            active = [t for t in targets if stream in t.streams]
+            per_round: dict[str, list[Level]] = {t.name: [] for t in active}
             for r in range(rounds):
-                for target in targets[r % len(targets) :] + targets[: r % len(targets)]:
+                for target in active[r % len(active) :] + active[: r % len(active)]:
                     per_round[target.name].append(
                         await run_size_level(target, load, prompt_ids, stream, agents, turns, sessions)
                     )
@@ -880,7 +894,9 @@ def size_table(outcomes: list[SizeOutcome], load: str = "agent") -> Table:
             relay = _level(find.get((o.prompt_ids, "relay")), lv.agents, lv.stream)
             vs_peer = cpu_ratio(lv, peer) if peer else None
             above = (
-                cpu_ratio(lv, peer, relay) if peer and relay and o.name not in ("direct", "relay") else None
+                cpu_ratio(lv, peer, relay)
+                if peer and relay and o.name not in ("direct", "relay", "harbor-rl-replay")
+                else None
             )
             rate = lv.requests / lv.wall_s
             added = o.name != "direct" and d is not None
@@ -942,9 +958,13 @@ def size_verdict(outcomes: list[SizeOutcome], load: str = "agent") -> list[str]:
             lines.append(f"{prompt_ids} ids: harbor-rl not measured")
             continue
         direct, relay = find.get((prompt_ids, "direct")), find.get((prompt_ids, "relay"))
-        for stream in sorted({lv.stream for lv in ours.levels}):
-            how = "streamed" if stream else "non-streamed"
-            mine = [lv for lv in ours.levels if lv.stream == stream]
+        replay = find.get((prompt_ids, "harbor-rl-replay"))
+        streams = sorted({lv.stream for lv in ours.levels})
+        variants = [(ours, stream, "streamed" if stream else "non-streamed") for stream in streams]
+        if replay and replay.levels:  # OpenEnv answers every stream by replay too: like for like
+            variants.append((replay, True, "streamed by replay"))
+        for proxy, stream, how in variants:
+            mine = [lv for lv in proxy.levels if lv.stream == stream]
             if peer and peer.levels:
                 pairs = [(a, b) for a in mine if (b := _level(peer, a.agents, stream))]
                 ratios = [(a.agents, r) for a, b in pairs if (r := cpu_ratio(a, b)) is not None]
@@ -953,19 +973,21 @@ def size_verdict(outcomes: list[SizeOutcome], load: str = "agent") -> list[str]:
                 lines.append(f"{prompt_ids} ids, {how}: CPU/req vs OpenEnv {each} at "
                              f"{' / '.join(str(n) for n, _ in ratios)} agents (target <= 0.33): "
                              f"{'yes' if worst <= 1 / 3 else 'NO'}")  # fmt: skip
+                # The relay streams: it is no floor under a replay, which reads one whole reply.
+                floor = relay if proxy.name != "harbor-rl-replay" else None
                 above = [
                     r
                     for a, b in pairs
-                    if (f := _level(relay, a.agents, stream)) and (r := cpu_ratio(a, b, f)) is not None
+                    if (f := _level(floor, a.agents, stream)) and (r := cpu_ratio(a, b, f)) is not None
                 ]
                 if above:
                     lines.append(f"{prompt_ids} ids, {how}: CPU/req above the bare relay's vs OpenEnv's above it: "
                                  f"at most {max(above):.2f}x (no target; the relay is the floor under any capture)")  # fmt: skip
-            if (a := _level(ours, 64, stream)) and (d := _level(direct, 64, stream)):
+            if (a := _level(proxy, 64, stream)) and (d := _level(direct, 64, stream)):
                 ratio = (a.requests / a.wall_s) / (d.requests / d.wall_s)
                 lines.append(f"{prompt_ids} ids, {how}, 64 agents: {ratio:.2f}x direct's req/s (target >= 0.90): "
                              f"{'yes' if ratio >= 0.9 else 'NO'}")  # fmt: skip
-            if prompt_ids == 16_384 and (a := _level(ours, 1, stream)) and (d := _level(direct, 1, stream)):
+            if prompt_ids == 16_384 and (a := _level(proxy, 1, stream)) and (d := _level(direct, 1, stream)):
                 added = pct(a.latencies, 0.99) - pct(d.latencies, 0.99)
                 lines.append(f"16384 ids, {how}, 1 agent: added p99 {added:+.2f} ms (target <= 10): "
                              f"{'yes' if added <= 10 else 'NO'}")  # fmt: skip
@@ -1096,8 +1118,10 @@ def main() -> None:
         "plain (the rows before 2026-12-06: text history, ids asked for by the agents, non-streamed)",
     )  # fmt: skip
     parser.add_argument(
-        "--targets", nargs="+", default=[*TARGETS, "relay"], choices=(*TARGETS, "relay"),
-        help="relay: a bare uvicorn relay, the floor under any capture (prompt-size runs only)",
+        "--targets", nargs="+", default=[*TARGETS, "relay", "harbor-rl-replay"],
+        choices=(*TARGETS, "relay", "harbor-rl-replay"),
+        help="relay: a bare uvicorn relay, the floor under any capture; harbor-rl-replay: our proxy with "
+        "--stream-mode replay, streamed levels (prompt-size runs only, both)",
     )  # fmt: skip
     parser.add_argument(
         "--size-rounds", type=int, default=None,
@@ -1112,15 +1136,15 @@ def main() -> None:
         "--prompt-sizes-only", action="store_true", help="only the 512 / 16,384 prompt-id runs"
     )
     parser.add_argument(
-        "--serve-harbor", nargs=3, metavar=("PORT", "UPSTREAM", "STORE"), help=argparse.SUPPRESS
+        "--serve-harbor", nargs=4, metavar=("PORT", "UPSTREAM", "STORE", "MODE"), help=argparse.SUPPRESS
     )
     parser.add_argument("--serve-relay", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.size_rounds is not None and args.size_rounds < 1:
         parser.error(f"--size-rounds must be at least 1, got {args.size_rounds}")
     if args.serve_harbor:
-        port, upstream, store = args.serve_harbor
-        serve_harbor(int(port), upstream, store)
+        port, upstream, store, mode = args.serve_harbor
+        serve_harbor(int(port), upstream, store, mode)
         return
     if args.serve_relay:
         serve_relay(int(args.serve_relay[0]), args.serve_relay[1])
