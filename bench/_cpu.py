@@ -8,7 +8,10 @@ on kernels without schedstat.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+from bench._sampling import PeriodicSampler
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _SCHEDSTAT = Path("/proc/self/schedstat").exists()
@@ -56,3 +59,59 @@ def tree_cpu_ms(pid: int) -> float:
         except OSError:
             continue
     return total
+
+
+class CPUByPart(PeriodicSampler):
+    """CPU seconds of a process tree by part, sampled from /proc every `interval_s` in a thread.
+    `classify(pid, command line, parent's part)` names each process's part when it is first seen
+    (parents are seen first), so an agent's shell commands can count as the agent. A process's last
+    sample is its CPU: one that lives less than an interval is missed and one that exits loses up to an
+    interval, so the parts' sum is a little under what the tree spent."""
+
+    def __init__(self, pid: int, classify: Callable[[int, str, str | None], str], interval_s: float = 0.25):
+        super().__init__(interval_s)
+        self.pid = pid
+        self._classify = classify
+        self._part: dict[tuple[int, str], str] = {}
+        self._cpu_s: dict[tuple[int, str], float] = {}
+
+    def parts(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, seconds in self._cpu_s.items():
+            out[self._part[key]] = out.get(self._part[key], 0.0) + seconds
+        return out
+
+    def tick(self) -> None:
+        procs: dict[int, tuple[int, str, float]] = {}  # pid -> (ppid, start time, CPU s)
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = _stat_fields(int(entry.name))
+                except (OSError, IndexError):
+                    continue
+                procs[int(entry.name)] = (
+                    int(fields[1]),
+                    fields[19],
+                    (int(fields[11]) + int(fields[12])) / CLK_TCK,
+                )
+        if self.pid not in procs:
+            return
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        frontier: list[tuple[int, str | None]] = [(self.pid, None)]
+        while frontier:
+            pid, parent_part = frontier.pop()
+            _, start, cpu_s = procs[pid]
+            key = (pid, start)
+            if key not in self._part:
+                self._part[key] = self._classify(pid, _cmdline(pid), parent_part)
+            self._cpu_s[key] = cpu_s
+            frontier.extend((child, self._part[key]) for child in children.get(pid, ()))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -43,6 +44,9 @@ from rich.table import Table
 
 from harbor_server.client import AsyncHarborSessionFactory, HarborClient
 from harbor_server.embedded import free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._sampling import PeriodicSampler  # noqa: E402
 
 POLL_INTERVAL_S = 0.01
 IDLE_S = 5.0
@@ -99,15 +103,14 @@ class TreeSample:
     live: int = 0
 
 
-class TreeSampler:
+class TreeSampler(PeriodicSampler):
     """Every 0.5 s: RSS of `pid` and its descendants, `pid`'s open file descriptors, /health's live rollouts."""
 
     def __init__(self, pid: int, url: str) -> None:
+        super().__init__(0.5)
         self.root = psutil.Process(pid)
         self.url = url + "/health"
         self.peak = TreeSample()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> TreeSample:
         rss = 0
@@ -122,22 +125,13 @@ class TreeSampler:
             live = 0
         return TreeSample(rss, self.root.num_fds(), live)
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            now = self.sample()
-            self.peak = TreeSample(
-                max(self.peak.rss_bytes, now.rss_bytes),
-                max(self.peak.fds, now.fds),
-                max(self.peak.live, now.live),
-            )
-
-    def __enter__(self) -> TreeSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> None:
+        now = self.sample()
+        self.peak = TreeSample(
+            max(self.peak.rss_bytes, now.rss_bytes),
+            max(self.peak.fds, now.fds),
+            max(self.peak.live, now.live),
+        )
 
 
 @dataclass

@@ -10,6 +10,12 @@ evaluation before and after GRPO and whether the gain exceeds 2 standard errors 
 prints); then the ratio of the mean wall times and each pair's ratio. `--baseline none` times this tree
 alone (e.g. the coding path over seeds: `--baseline none --seeds 1 2 3 4 5 -- --harness mini-swe-agent`).
 `--quick` is a smoke run for CI: one run of a few steps of this tree alone (a ratio needs full runs).
+
+Each run's CPU time is also split by part (bench/_cpu.py's CPUByPart over the run's process tree):
+the trainer (the `harbor train` process: warm-up, GRPO, evaluation bookkeeping), the engine, the server
+(with its capture proxy), the agents (every process of an installed harness under /opt/harbor-rl, with
+the commands it runs), the verifiers (a task's /tests and what they start) and the rest (sandbox
+set-up: bubblewrap, socat, shells). Local sandboxes only: a container's processes are not in the tree.
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._cpu import CPUByPart  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "cbea7b4"
@@ -53,6 +62,32 @@ class Run:
     after: str = "-"
     gain: str = "-"
     significant: str = "-"
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by part (PARTS), sampled."""
+
+
+PARTS = ("trainer", "engine", "server", "agents", "verifiers", "sandboxes, other")
+
+
+def part_of(root: int):
+    """CPUByPart classifier for a `harbor train` tree rooted at `root`."""
+
+    def classify(pid: int, cmdline: str, parent: str | None) -> str:
+        if pid == root:
+            return "trainer"
+        if parent in ("agents", "verifiers"):
+            return parent
+        if "/opt/harbor-rl/" in cmdline:  # every installed harness lives there (harnesses/)
+            return "agents"
+        if "/tests/" in cmdline:
+            return "verifiers"
+        if "harbor_rl engine" in cmdline:
+            return "engine"
+        if "harbor_rl serve" in cmdline:
+            return "server"
+        return "sandboxes, other"
+
+    return classify
 
 
 @contextlib.contextmanager
@@ -76,9 +111,15 @@ def run_once(side: str, index: int, tree: Path, args: list[str], scratch: Path) 
     out = scratch / f"{side}-{index}"
     command = [sys.executable, "-m", "harbor_rl", "train", *args, "--output-dir", str(out)]
     started = time.monotonic()
-    done = subprocess.run(command, cwd=tree, capture_output=True, text=True)
-    run = Run(side, index, time.monotonic() - started, done.returncode)
-    text = done.stdout + done.stderr
+    log = scratch / f"{side}-{index}.log".replace(" ", "-")
+    with log.open("w+") as output:
+        proc = subprocess.Popen(command, cwd=tree, stdout=output, stderr=subprocess.STDOUT, text=True)
+        with CPUByPart(proc.pid, part_of(proc.pid)) as sampler:
+            code = proc.wait()
+        output.seek(0)
+        text = output.read()
+    run = Run(side, index, time.monotonic() - started, code)
+    run.cpu_s = sampler.parts()
     rows = {m.group(1): f"{m.group(4)} ± {m.group(5)}" for m in EVAL_ROW.finditer(text)}
     run.before = rows.get("after SFT") or rows.get("before GRPO") or "-"
     run.after = rows.get("after GRPO", "-")
@@ -87,7 +128,7 @@ def run_once(side: str, index: int, tree: Path, args: list[str], scratch: Path) 
     console.log(
         f"{side} {index}: {run.seconds:.1f} s, exit {run.exit_code}, gain {run.gain} ({run.significant})"
     )
-    if done.returncode != 0:
+    if code != 0:
         console.print(text[-2000:])
     return run
 
@@ -100,6 +141,7 @@ def report(runs: list[Run], ref: str | None, args: list[str]) -> None:
         table.add_row(run.side, str(run.index), f"{run.seconds:.1f}", run.before, run.after, run.gain,
                       run.significant)  # fmt: skip
     console.print(table)
+    console.print(cpu_table(runs))
     this = [r.seconds for r in runs if r.side == "this tree"]
     base = [r.seconds for r in runs if r.side != "this tree"]
     significant = sum(r.significant == "yes" for r in runs if r.side == "this tree")
@@ -109,6 +151,18 @@ def report(runs: list[Run], ref: str | None, args: list[str]) -> None:
         pairs = [b / a for a, b in zip(base, this, strict=False)]
         console.print(f"- {ref}: {statistics.fmean(base):.1f} s mean; this tree / {ref}: "
                       f"{statistics.fmean(this) / statistics.fmean(base):.2f}x (pairs {min(pairs):.2f}x to {max(pairs):.2f}x)")  # fmt: skip
+
+
+def cpu_table(runs: list[Run]) -> Table:
+    table = Table(title="Where the CPU went: seconds by part (sampled every 0.25 s; the share of the run's)")
+    for col in ("side", "run", *PARTS, "CPU s", "cores busy"):
+        table.add_column(col, justify="right")
+    for run in runs:
+        sampled = sum(run.cpu_s.values())
+        cells = [f"{run.cpu_s.get(p, 0.0):.0f} ({run.cpu_s.get(p, 0.0) / sampled:.0%})" if sampled else "-"
+                 for p in PARTS]  # fmt: skip
+        table.add_row(run.side, str(run.index), *cells, f"{sampled:.0f}", f"{sampled / run.seconds:.2f}")
+    return table
 
 
 def main() -> None:

@@ -57,3 +57,26 @@ def test_tree_cpu_ms_counts_this_process_cpu_finer_than_a_clock_tick() -> None:
     assert 20 <= spent < 500
     if Path("/proc/self/schedstat").exists():
         assert spent != round(spent, -1)  # nanoseconds, not a multiple of 10 ms clock ticks
+
+
+def test_tree_sampler_puts_each_process_in_its_part_and_children_in_their_parents() -> None:
+    import subprocess
+    import sys
+
+    from bench._cpu import CPUByPart
+
+    burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 0.6: pass')"
+    # The marked process burns 0.6 CPU-s and starts an unmarked child that burns as much: both are "agent".
+    script = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {burn!r}]); {burn}; "
+              "p.wait()")  # fmt: skip
+    launch = "import os, subprocess, sys; subprocess.run([sys.executable, '-c', os.environ['S'], 'agent-' + 'marker'])"
+    root = subprocess.Popen([sys.executable, "-c", launch], env={**os.environ, "S": script})
+
+    def classify(pid: int, cmdline: str, parent: str | None) -> str:
+        return "agent" if "agent-marker" in cmdline or parent == "agent" else "launcher"
+
+    with CPUByPart(root.pid, classify, interval_s=0.05) as sampler:
+        root.wait()
+    parts = sampler.parts()
+    assert 0.9 < parts["agent"] < 1.5, parts  # two 0.6 s burns, less what the last interval missed
+    assert "launcher" in parts and parts["launcher"] < 0.3, parts  # the root, seen first
