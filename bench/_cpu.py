@@ -37,21 +37,33 @@ def process_cpu_ms(pid: int) -> float:
     return (threads_ns + reaped_ns) / 1e6
 
 
-def tree_cpu_ms(pid: int) -> float:
-    """CPU time of a process and its live descendants."""
-    parents: dict[int, int] = {}
+def _process_table() -> dict[int, list[str]]:
+    """Every live process's /proc stat fields (after the command name), by pid."""
+    table: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int(_stat_fields(int(entry.name))[1])
-            except (OSError, IndexError, ValueError):
+                table[int(entry.name)] = _stat_fields(int(entry.name))
+            except (OSError, IndexError):  # exited since the listing
                 continue
+    return table
+
+
+def _children(table: dict[int, list[str]]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for pid, fields in table.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    return children
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU time of a process and its live descendants."""
+    children = _children(_process_table())
     tree, frontier = {pid}, [pid]
     while frontier:
-        parent = frontier.pop()
-        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
-        tree.update(children)
-        frontier.extend(children)
+        kids = [p for p in children.get(frontier.pop(), ()) if p not in tree]
+        tree.update(kids)
+        frontier.extend(kids)
     total = 0.0
     for p in tree:
         try:
@@ -82,31 +94,18 @@ class CPUByPart(PeriodicSampler):
         return out
 
     def tick(self) -> None:
-        procs: dict[int, tuple[int, str, float]] = {}  # pid -> (ppid, start time, CPU s)
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = _stat_fields(int(entry.name))
-                except (OSError, IndexError):
-                    continue
-                procs[int(entry.name)] = (
-                    int(fields[1]),
-                    fields[19],
-                    (int(fields[11]) + int(fields[12])) / CLK_TCK,
-                )
-        if self.pid not in procs:
+        table = _process_table()
+        if self.pid not in table:
             return
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _, _) in procs.items():
-            children.setdefault(ppid, []).append(pid)
+        children = _children(table)
         frontier: list[tuple[int, str | None]] = [(self.pid, None)]
         while frontier:
             pid, parent_part = frontier.pop()
-            _, start, cpu_s = procs[pid]
-            key = (pid, start)
+            fields = table[pid]
+            key = (pid, fields[19])  # pid and start time: a reused pid is another process
             if key not in self._part:
                 self._part[key] = self._classify(pid, _cmdline(pid), parent_part)
-            self._cpu_s[key] = cpu_s
+            self._cpu_s[key] = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
             frontier.extend((child, self._part[key]) for child in children.get(pid, ()))
 
 

@@ -36,10 +36,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from bench._cpu import CPUByPart  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "cbea7b4"
 """main before issue 35's work on `harbor train`'s speed (2026-12-05)."""
 QUICK_ARGS = ["--set", "max_steps=2", "--set", "eval_episodes=8", "--set", "base_eval_episodes=4",
