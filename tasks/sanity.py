@@ -41,6 +41,25 @@ class SanityResult(BaseModel):
     duration_s: float = 0.0
 
 
+def sanity_failure(agent: SanityAgent, rewards: dict[str, float], error: str | None) -> str | None:
+    """Why an oracle or nop run did not score what it must, in words; None when it did.
+
+    Judged as Harbor judges a trial: by the `reward` key; only a reward.json without one has every metric
+    judged (a verifier's extra counts such as `tests_passed: 4` are information, not the reward). A run
+    that produced no metrics says why (the server's error: the verifier timed out, wrote no reward file,
+    ...)."""
+    want = EXPECTED_REWARD[agent]
+    if not rewards:
+        return error or "the verifier wrote no reward.json or reward.txt"
+    judged = {"reward": rewards["reward"]} if "reward" in rewards else rewards
+    wrong = [
+        f"{key} {value:g}" for key, value in judged.items() if not math.isclose(value, want, abs_tol=1e-9)
+    ]
+    if wrong:
+        return f"{agent} {', '.join(wrong)}, expected {want:g}"
+    return error  # scored as it must, but the run still failed (e.g. its sandbox did not stop)
+
+
 async def run_sanity_agent(sandbox: Sandbox, task: Task, agent: SanityAgent) -> ExecResult | None:
     """Do the agent's turn: run the oracle, or nothing."""
     await sandbox.exec(["mkdir", "-p", "/logs/agent", "/logs/verifier"], user="root", timeout_s=30.0)
@@ -110,9 +129,13 @@ async def sanity_check(
     finally:
         if sandbox is not None:
             await sandbox.stop()
+    rewards: dict[str, float] = {}
     if outcome.verifier is not None:
         outcome.reward = outcome.verifier.reward
+        rewards = outcome.verifier.rewards
         outcome.error = outcome.error or outcome.verifier.error
-    outcome.passed = outcome.reward is not None and math.isclose(outcome.reward, expected, abs_tol=1e-9)
+    failure = sanity_failure(agent, rewards, outcome.error)
+    outcome.passed = failure is None
+    outcome.error = outcome.error or failure
     outcome.duration_s = time.monotonic() - started
     return outcome

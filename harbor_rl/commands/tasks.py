@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
                 "Training runs give the agent phase only the capture port, whatever the task declares "
                 "(set-up and the verifier keep the task's network); harbor serve --agent-network task changes it."
             )
+        if not ok:
+            console.print(f"[red]not ok:[/] {', '.join(_failed_rows(rows, agents)) or dataset}")
         raise typer.Exit(0 if ok else 1)
 
     @tasks_app.command("init")
@@ -147,25 +149,27 @@ def _row(task, backend: str) -> dict:
 class _Sanity:
     """One oracle or nop rollout of a task, and whether it scored what it must."""
 
-    passed: bool
     shown: str
     """Its reward, or each metric of a multi-metric one ("correctness 1, performance 1")."""
     duration_s: float
-    error: str | None
+    failure: str | None
+    """Why it did not score what it must, in words (`tasks.sanity.sanity_failure`); None when it did."""
 
-
-_WANT = {"oracle": 1.0, "nop": 0.0}
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
 
 
 async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: int) -> dict:
     """Each (task, agent) through an in-process server, as `harbor serve` and `harbor eval` run tasks
-    (steps, healthchecks, phase networks, the task's own verifier): the oracle must score 1.0 on every
-    metric it reports, nop 0.0."""
+    (steps, healthchecks, phase networks, the task's own verifier): the oracle must score 1.0, nop 0.0, on
+    the `reward` key as Harbor judges (on every metric only where there is none)."""
     import asyncio
 
     from evaluation.rollouts import UNUSED_ENGINE_URL, UNUSED_MODEL, LocalHarbor
     from harbor_server import RolloutRequest
     from tasks import Dataset
+    from tasks.sanity import sanity_failure
 
     dataset = Dataset(source="tasks check", split="check", tasks=tuple(tasks))
     gate = asyncio.Semaphore(concurrency)
@@ -181,18 +185,25 @@ async def _run_sanity(tasks, agents: list[str], backend_name: str, concurrency: 
                 request = RolloutRequest(split="check", task_id=task.id, harness=agent, purpose="eval")
                 result = (await harbor.run(request)).result
             metrics = result.rewards
-            passed = (
-                result.error is None and bool(metrics) and all(v == _WANT[agent] for v in metrics.values())
-            )
             if result.env_reward is not None:
                 shown = f"{result.env_reward:g}"
             else:
-                shown = ", ".join(f"{k} {v:g}" for k, v in metrics.items()) or "None"
-            return _Sanity(passed, shown, result.timings.get("total", 0.0), result.error)
+                shown = ", ".join(f"{k} {v:g}" for k, v in metrics.items()) or "no reward"
+            failure = sanity_failure(agent, metrics, result.error)
+            return _Sanity(shown, result.timings.get("total", 0.0), failure)
 
         pairs = [(task, agent) for task in tasks for agent in agents]
         results = await asyncio.gather(*(one(task, agent) for task, agent in pairs))
     return {(task.id, agent): result for (task, agent), result in zip(pairs, results, strict=True) if result}
+
+
+def _failed_rows(rows: list[dict], agents: list[str]) -> list[str]:
+    """The tasks whose row is not ok: refused, or an oracle/nop cell that missed its reward."""
+    return [
+        row["id"]
+        for row in rows
+        if row["error"] is not None or any(agent in row and not row[agent].passed for agent in agents)
+    ]
 
 
 def _table(dataset: str, rows: list[dict], agents: list[str]):
@@ -215,7 +226,7 @@ def _table(dataset: str, rows: list[dict], agents: list[str]):
             elif outcome.passed:
                 cells.append(f"[green]{outcome.shown}[/] ({outcome.duration_s:.1f}s)")
             else:
-                cells.append(f"[red]{outcome.shown}[/] {escape(outcome.error or '')}".strip())
+                cells.append(f"[red]{escape(outcome.failure or '')}[/]")
         cells.append(escape(row["notes"]))
         table.add_row(*cells)
     return table
