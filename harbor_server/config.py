@@ -18,6 +18,8 @@ ExposeMode = Literal["none", "direct", "cloudflare", "gradio"]
 
 MAX_CONCURRENT_ENVS_VAR = "MAX_CONCURRENT_ENVS"
 DEFAULT_MAX_CONCURRENT_ENVS = 32
+LOCK_HEARTBEAT_VAR = "HARBOR_SERVER_LOCK_HEARTBEAT_S"
+DEFAULT_LOCK_HEARTBEAT_S = 5.0
 
 
 def max_concurrent_envs_from_env() -> int:
@@ -80,6 +82,11 @@ class ServeConfig(BaseModel):
     start-up it fails only its own leftover rollouts, so several servers can share one store. Must be
     unique among them and stable across restarts; None: `<hostname>:<port>`. Set it where the hostname
     changes on restart (containers, HF Jobs)."""
+    lock_heartbeat_s: float = Field(
+        default_factory=lambda: float(os.environ.get(LOCK_HEARTBEAT_VAR) or DEFAULT_LOCK_HEARTBEAT_S), gt=0
+    )
+    """Seconds between heartbeats of this server's lock on its id in the store; a lock is taken over
+    after 3 missed ones (harbor_server/server_lock.py). $HARBOR_SERVER_LOCK_HEARTBEAT_S sets it."""
     max_concurrent_envs: int = Field(default=DEFAULT_MAX_CONCURRENT_ENVS, ge=1)
     """Most rollouts alive at once; past it POST /rollouts answers 429."""
     admin_key: str = Field(default_factory=lambda: secrets.token_urlsafe(24), min_length=8)

@@ -79,3 +79,26 @@ class ServerUnreachable(HarborServerError):
     """The client could not reach the rollout server at all."""
 
     status = 503
+
+
+class StartRefused(HarborServerError):
+    """The server must not start, and has touched nothing: its port is taken or its server id is held
+    by a live server. `flag` names the option that chooses another (a CLI adds it as the hint)."""
+
+    status = 409
+
+    def __init__(self, message: str, *, flag: str) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
+class PortInUse(StartRefused):
+    """Another process listens on the trainer-facing or the capture port."""
+
+
+class ServerIdInUse(StartRefused):
+    """Another live server holds this server id on the store (its lock's heartbeat is fresh)."""
+
+
+class ServerLockLost(HarborServerError):
+    """This server's lock on its id was taken over (it missed heartbeats for long enough to look dead)."""

@@ -14,6 +14,7 @@ import contextlib
 import importlib.metadata
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -26,10 +27,12 @@ from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore, default_store_url
 from harbor_server.config import ServeConfig
 from harbor_server.engine_check import probe_engine
-from harbor_server.errors import EngineCheckFailed, HarborServerError
+from harbor_server.errors import EngineCheckFailed, HarborServerError, ServerLockLost
 from harbor_server.limits import ensure_open_file_limit
+from harbor_server.listeners import bind_listener, close_all
 from harbor_server.models import DatasetInfo, EngineStatus, SandboxInfo, ServerInfo, TaskInfo
 from harbor_server.rollouts import HarnessFactory, RolloutManager
+from harbor_server.server_lock import ServerIdLock
 from harbor_server.tunnels import TUNNELS, Tunnel, check_available, open_tunnel
 from harnesses import get_harness, harness_names
 from sandboxes import BACKENDS
@@ -104,6 +107,11 @@ class HarborServer:
         self._http: list[uvicorn.Server] = []
         self.tunnel: Tunnel | None = None
         """`--expose cloudflare|gradio`: the open tunnel to the capture port."""
+        self._sockets: list[socket.socket] = []
+        """The two ports, bound first thing in start(); uvicorn serves on them."""
+        self.lock: ServerIdLock | None = None
+        """This server's lock on its id in the store, held from start() to stop()."""
+        self._stopped = False
 
     @property
     def manager(self) -> RolloutManager:
@@ -118,19 +126,39 @@ class HarborServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        ensure_open_file_limit(self.config.max_concurrent_envs)
-        if self.config.expose in TUNNELS:
-            check_available(self.config.expose)  # before datasets load: a missing binary is one line
-        if self._datasets is None:
-            self._datasets = await asyncio.to_thread(
-                load_datasets, self.config.datasets, strict=self.config.strict
-            )
-        self.store = await asyncio.to_thread(TraceStore, self.store_url)
+        # The ports first, then the lock on the server id, and only then anything that changes what
+        # others see (the sweep of leftover rollouts and sandboxes, tunnels, networks): a second server
+        # on a busy port or a live id is refused having touched nothing (StartRefused).
+        self._sockets = [
+            bind_listener(self.config.host, self.config.port, flag="--port", what="trainer API"),
+        ]
         try:
+            self._sockets.append(
+                bind_listener(
+                    self.config.capture_host, self.config.capture_port, flag="--capture-port", what="capture"
+                )
+            )
+            ensure_open_file_limit(self.config.max_concurrent_envs)
+            if self.config.expose in TUNNELS:
+                check_available(self.config.expose)  # before datasets load: a missing binary is one line
+            if self._datasets is None:
+                self._datasets = await asyncio.to_thread(
+                    load_datasets, self.config.datasets, strict=self.config.strict
+                )
+            self.store = await asyncio.to_thread(TraceStore, self.store_url)
+            self.lock = await asyncio.to_thread(
+                ServerIdLock.acquire,
+                self.store,
+                self.config.server_id,
+                heartbeat_s=self.config.lock_heartbeat_s,
+            )
+            loop = asyncio.get_running_loop()
+            self.lock.keep_alive(on_lost=lambda: loop.call_soon_threadsafe(self.request_shutdown))
             await self._open_tunnel()  # before the sandbox backends: E2B's is built with the public URL
             await self._start_serving_parts()
         except BaseException:
-            await self._close_tunnel()  # never leave a tunnel process behind a server that did not start
+            # Never leave a tunnel process, a held lock or a bound port behind a server that did not start.
+            await self.stop()
             raise
 
     async def _start_serving_parts(self) -> None:
@@ -206,13 +234,19 @@ class HarborServer:
         return swept
 
     async def stop(self) -> None:
+        if self._stopped:  # start() stops what it began when it fails; callers may stop again
+            return
+        self._stopped = True
         if self._manager is not None:
             await self._manager.stop()
         if self.service is not None:
             await self.service.aclose()
+        if self.lock is not None:  # after the live rollouts are recorded, before the store closes
+            await asyncio.to_thread(self.lock.release)
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
         await self._close_tunnel()
+        close_all(self._sockets)
 
     async def run_http(self) -> None:
         """Serve both ports until `request_shutdown()` (or SIGINT/SIGTERM)."""
@@ -235,16 +269,25 @@ class HarborServer:
                 )
             ),
         ]
-        tasks = [asyncio.create_task(s.serve()) for s in self._http]
+        tasks = [
+            asyncio.create_task(s.serve(sockets=[sock]))
+            for s, sock in zip(self._http, self._sockets, strict=True)
+        ]
         with self._shutdown_on_signals(), serving_gc():  # as the standalone proxy's lifespan
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             self.request_shutdown()
             results = await asyncio.gather(*tasks, return_exceptions=True)
+        if self.lock is not None and self.lock.lost:
+            raise ServerLockLost(
+                f"another server took over server id {self.config.server_id!r} while this one missed its "
+                "heartbeats (was it suspended?); stopped so that one server runs its rollouts"
+            )
         for server, result in zip(self._http, results, strict=True):
             if isinstance(result, BaseException) or not server.started:
                 raise HarborServerError(
                     f"could not serve on {server.config.host}:{server.config.port} "
-                    "(is the port in use? see the log above)"
+                    f"({type(result).__name__ if isinstance(result, BaseException) else 'not started'}; "
+                    "see the log above)"
                 )
 
     async def serve(self) -> None:

@@ -1,4 +1,5 @@
-"""The two tables of the trace store: one row per capture session, one row per captured turn.
+"""The tables of the trace store: one row per capture session, one row per captured turn, and one per
+`harbor serve` id in use (its lock, kept alive by a heartbeat).
 
 Token arrays are binary columns (see codec.py); request, response and metadata are JSON, written
 with orjson by the engine's serializer. On PostgreSQL the JSON columns are `json`, not `jsonb`: `json`
@@ -113,3 +114,25 @@ class TurnRow(Base):
             ["session_id", "prompt_base_seq"], ["turns.session_id", "turns.seq"], ondelete="CASCADE"
         ),
     )
+
+
+class ServerLockRow(Base):
+    """A `harbor serve` that holds its server id on this store: one row per id, written when the server
+    starts, its heartbeat refreshed while it runs, deleted when it stops (harbor_server/server_lock.py)."""
+
+    __tablename__ = "server_locks"
+
+    server_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    """Random per holder: every heartbeat and the release are compare-and-set on it, so a holder whose
+    lock was taken over can no longer touch the row."""
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    process_key: Mapped[str] = mapped_column(String(255))
+    """Which process exactly (boot id, pid namespace, start time): on the same machine, a holder whose
+    process is gone is known dead without waiting for its heartbeat to go stale."""
+    started_at: Mapped[float] = mapped_column(Double)
+    heartbeat_at: Mapped[float] = mapped_column(Double)
+    """Unix time of the holder's last heartbeat, by the holder's clock."""
+    heartbeat_s: Mapped[float] = mapped_column(Double)
+    """The holder's heartbeat interval: its lock is stale after a few of them without a beat."""

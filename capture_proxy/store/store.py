@@ -22,6 +22,7 @@ from capture_proxy.store.engine import _json_dumps as to_json
 from capture_proxy.store.migrate import upgrade_to_head
 from capture_proxy.store.records import TERMINAL_STATUSES, SessionRecord
 from capture_proxy.store.schema import SessionRow, TurnRow
+from capture_proxy.store.server_locks import ServerLocks
 
 # SessionRecord field -> SessionRow attribute, where they differ (`metadata` is reserved by SQLAlchemy).
 _ROW_ATTR = {"metadata": "meta"}
@@ -207,6 +208,11 @@ class TraceStore:
 
     def __repr__(self) -> str:
         return f"TraceStore({redact(self.url)!r})"
+
+    @property
+    def server_locks(self) -> ServerLocks:
+        """Which `harbor serve` holds which server id on this store (server_locks.py)."""
+        return ServerLocks(self)
 
     @property
     def is_sqlite(self) -> bool:

@@ -200,13 +200,19 @@ async def _serve(config, console) -> int:
     from rich.markup import escape
 
     from capture_proxy.errors import StoreError
-    from harbor_server.errors import HarborServerError
+    from harbor_server.errors import HarborServerError, StartRefused
     from harbor_server.server import HarborServer
     from tasks.errors import TaskError
 
     server = HarborServer(config)
     try:
         await server.start()
+    except StartRefused as exc:  # a busy port or a live server id: one line, the user's to fix
+        console.print(
+            f"[bold red]harbor serve cannot start:[/] {escape(str(exc))}; pass {exc.flag} to choose another",
+            soft_wrap=True,
+        )
+        return 2
     except (HarborServerError, TaskError, StoreError) as exc:
         # Escaped: a tool's log line quoted in it keeps its [brackets].
         console.print(f"[bold red]harbor serve cannot start:[/] {escape(str(exc))}")

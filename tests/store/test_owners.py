@@ -46,7 +46,7 @@ def test_a_store_at_0001_upgrades_and_keeps_its_sessions(store_url):
     store = TraceStore(store_url)  # opening migrates to head
     try:
         with store._engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == head_revision() == "0004"
+            assert MigrationContext.configure(conn).get_current_revision() == head_revision() == "0005"
         old = store.get_session("old")
         assert (old.owner, old.status, old.metadata, old.task_id) == (None, "running", {"k": 1}, "t")
         assert old.upstream_auth_header is None  # 0003: the Bearer default for rows written before it
