@@ -54,6 +54,7 @@ from sandboxes.docker_sandbox import (  # noqa: F401 (NETWORK_LABEL, owner_id: r
 )
 from sandboxes.errors import SandboxError, SandboxUnavailable, UnsupportedEnvironment
 from sandboxes.images import ImageBuilder
+from sandboxes.network_users import NetworkUsers
 from sandboxes.policy import Allowlist, resolve_allowlist
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class DockerBackend:
         self._builder: ImageBuilder | None = None
         self._setup_lock = threading.Lock()
         self._networks: dict[str, _Network] = {}
+        self._network_users = NetworkUsers()
+        """This process's use of the shared networks, so that no other harbor-rl removes them meanwhile."""
         self._quota: bool | None = None
         # (gateway, port) -> (the network it was made for, the listening server)
         self._forwarders: dict[tuple[str, int], tuple[_Network, asyncio.AbstractServer]] = {}
@@ -298,6 +301,7 @@ class DockerBackend:
                 log.warning("docker: network %s was removed from outside; re-creating it", cached.name)
                 del self._networks[mode]
             name, bridge = _NETWORKS[mode]
+            self._network_users.hold(name)  # before it is made: nobody may remove it from here on
             network = self._get_or_create_network(name, bridge, masquerade=mode != "no-network")
             config = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
             gateway = config[0].get("Gateway") or _interface_ipv4(bridge)
@@ -375,9 +379,14 @@ class DockerBackend:
         client = self._connect()
         with self._setup_lock:
             for name, _bridge in _NETWORKS.values():
-                for network in client.networks.list(names=[name]):
-                    with contextlib.suppress(docker.errors.APIError):  # in use: the engine says no
-                        network.remove()
+                # Idle means no container attached (the engine refuses otherwise) and no other live
+                # process on this machine using it (network_users.py), whatever store it writes to.
+                with self._network_users.idle_only(name) as idle:
+                    if not idle:
+                        continue
+                    for network in client.networks.list(names=[name]):
+                        with contextlib.suppress(docker.errors.APIError):  # in use: the engine says no
+                            network.remove()
             self._networks.clear()
 
     def _uninstall_firewall_if_idle(self) -> bool:
