@@ -83,9 +83,24 @@ class HarborGroup(TyperGroup):
         return (words[0],)
 
     def invoke(self, ctx: click.Context) -> Any:
+        from harbor_rl import interrupts
+
+        command = ctx.meta.get("harbor.command", ())
+        if command[:1] and command[0] in INTERRUPTIBLE:
+            with interrupts.handling(command[0]):
+                return self._invoke(ctx)
+        return self._invoke(ctx)
+
+    def _invoke(self, ctx: click.Context) -> Any:
+        from harbor_rl import interrupts
+
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # from harbor_rl.interrupts, or Python's own handler (other commands)
+            _interrupted(ctx)
         except Exception as exc:
+            if interrupts.interrupted() and not ctx.meta.get("harbor.debug"):
+                _interrupted(ctx)  # a follow-on error of the interrupt (a stopped server, a closed session)
             message = user_error_message(exc)
             if message is None or ctx.meta.get("harbor.debug"):
                 raise  # a bug (or --debug): the traceback is what helps
@@ -97,6 +112,20 @@ class HarborGroup(TyperGroup):
             console.print(f"[bold red]{command}:[/] {escape(message)}", highlight=False, markup=True)
             console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
             raise typer.Exit(1) from None
+
+
+INTERRUPTIBLE = ("train", "eval", "collect", "serve")
+"""The long commands whose Ctrl-C (and SIGTERM) `harbor_rl.interrupts` handles: one line, 128+signal."""
+
+
+def _interrupted(ctx: click.Context) -> None:
+    from rich.markup import escape
+
+    from harbor_rl import interrupts
+
+    command = " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
+    _stderr().print(f"[bold yellow]{escape(command)}:[/] {escape(interrupts.message())}", highlight=False)
+    raise typer.Exit(interrupts.exit_code())
 
 
 def _stderr():

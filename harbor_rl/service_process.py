@@ -10,13 +10,16 @@ spent 4.8 of their 23 s waiting for it. As processes they run side by side, reac
 `harbor serve` are reached: HTTP, and the weight-transfer routes (gloo here) for new weights.
 
 Each process is told to die with this one (the kernel's parent-death signal), so a crash of the run
-leaves neither behind; its output goes to a log file whose tail a failed start reports.
+leaves neither behind; its output goes to a log file whose tail a failed start reports. Each runs in a
+process group of its own, so the terminal's Ctrl-C reaches only the run, which then stops them in order
+(harbor_rl.interrupts): the server after the trainer has cancelled its rollouts, the engine last.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from harbor_rl import interrupts
 from trainer.errors import TrainerConfigError
 
 _PR_SET_PDEATHSIG = 1
@@ -64,8 +68,9 @@ class ServiceProcess:
         with open(log_path, "ab") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "harbor_rl", *args], stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, start_new_session=True,
             )  # fmt: skip
+        interrupts.register_child(self._process.pid, name)
 
     def wait_until_up(self, timeout_s: float = 120.0) -> str:
         """Block until it answers /health; returns its URL. TrainerConfigError, with the end of its log,
@@ -89,12 +94,16 @@ class ServiceProcess:
                 time.sleep(0.05)
 
     def stop(self) -> None:
+        """SIGTERM (the server cancels its live rollouts and stops their sandboxes), SIGKILL to its group
+        after 30 s, or after 5 s once the run was interrupted: the user waits on it."""
         self._process.terminate()
         try:
-            self._process.wait(timeout=30)
+            self._process.wait(timeout=5 if interrupts.interrupted() else 30)
         except subprocess.TimeoutExpired:
-            self._process.kill()
+            with contextlib.suppress(OSError):
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()
+        interrupts.unregister_child(self._process.pid)
 
     def __enter__(self) -> ServiceProcess:
         return self

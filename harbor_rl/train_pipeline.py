@@ -27,6 +27,7 @@ import functools
 import math
 import os
 import statistics
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harbor_rl import interrupts
 from trainer.config import AsyncGRPOConfig
 from trainer.errors import TrainerConfigError
 
@@ -267,20 +269,37 @@ def evaluate(
     # harness's own, as it was before eval sessions applied any.
     policy = {k: v for k, v in sampling_policy(config).items() if k != "max_tokens"}
     factory = factory_builder(sampling=policy, purpose="eval")
+    live: set[Any] = set()
+    stopping = threading.Event()
 
     def one(i: int) -> float | None:
+        if stopping.is_set():
+            return None
         session = factory.create(rows[i % len(rows)], seed=1_000_000 + i, episode_id=f"eval-{i}")
+        live.add(session)
         try:
+            if stopping.is_set():  # started while stopping: cancelled below, never waited on
+                return None
             return session.verify().env_reward
         except Exception:  # a failed episode is unscoreable, not 0
             return None
         finally:
+            live.discard(session)
             session.close()
             on_episode()
 
-    with ThreadPoolExecutor(max_workers=config.max_concurrent_rollouts) as pool:
+    pool = ThreadPoolExecutor(max_workers=config.max_concurrent_rollouts)
+    try:
         rewards = list(pool.map(one, range(episodes)))
-    factory.close()
+    except BaseException:  # Ctrl-C: cancel the running episodes on the server, so their waits end now
+        stopping.set()
+        for session in list(live):
+            with contextlib.suppress(Exception):
+                session.close()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        factory.close()
     return EvalResult(rewards)
 
 
@@ -332,6 +351,8 @@ def rollout_source(
             HarborSessionFactory, server_url, split=split, harness=run.harness, sandbox=run.sandbox,
             llm_url=llm_url, model=served, agent_timeout_sec=run.agent_timeout_sec,
             agent_step_limit=run.agent_step_limit, capacity_wait_s=60.0,
+            # The inspector's run column and filter (inspector/queries.py): the name trackio shows too.
+            metadata={"run": config.run_name or Path(config.output_dir).resolve().name},
         )  # fmt: skip
         with HarborSessionFactory(server_url, split=split, harness=run.harness) as lister:
             rows = list(lister.prompt_rows())
@@ -345,8 +366,6 @@ def rollout_source(
 def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
     """Scripted demonstrations of the training tasks through the training harness: the `results.jsonl`
     of `harbor collect --harness H --provider scripted` (episodes already there are kept)."""
-    import asyncio
-
     from rich.console import Console
 
     from evaluation.collect import CollectConfig, run_collect
@@ -357,8 +376,10 @@ def collect_demonstrations(run: TrainRun, out_dir: Path) -> Path:
         provider="scripted", task_globs=run.tasks or [], num_episodes=run.demo_episodes, prefix="demo",
         n_concurrent=4, agent_step_limit=run.agent_step_limit,
     )  # fmt: skip
-    try:  # quiet: the caller shows one progress display for the whole run
-        summary = asyncio.run(run_collect(collect, out_dir=out_dir, resume=True, console=Console(quiet=True)))
+    try:  # quiet: the caller shows one progress display for the whole run; a Ctrl-C cancels it
+        summary = interrupts.run(
+            run_collect(collect, out_dir=out_dir, resume=True, console=Console(quiet=True))
+        )
     except EvaluationError as exc:
         raise TrainerConfigError(f"collecting scripted demonstrations failed: {exc}") from exc
     if summary.written == 0:
@@ -373,6 +394,14 @@ def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_pro
     on_progress("demos", 0, run.demo_episodes)
     demos = collect_demonstrations(run, output_dir / "demos")
     on_progress("demos", run.demo_episodes, run.demo_episodes)
+
+    def step_done(step: int, _loss: float) -> None:
+        if interrupts.interrupted():  # a thread sees no KeyboardInterrupt: it stops here by itself
+            raise KeyboardInterrupt
+        on_progress("sft", step, run.sft_steps)
+
+    if interrupts.interrupted():
+        raise KeyboardInterrupt
     sft = SFTConfig(
         data=str(demos), model=str(model_path), output_dir=str(output_dir / "sft"), seed=seed,
         task_ids=run.tasks, max_steps=run.sft_steps, per_device_train_batch_size=run.sft_batch_size,
@@ -382,7 +411,7 @@ def warm_up(run: TrainRun, model_path: Path, output_dir: Path, seed: int, on_pro
         result = run_sft(
             sft,
             on_start=lambda steps: on_progress("sft", 0, steps),
-            on_step=lambda step, _loss: on_progress("sft", step, run.sft_steps),
+            on_step=step_done,
         )
     return result.output_dir
 
@@ -444,6 +473,8 @@ def run_training(
         return result
 
     before = after = None
+    if resume:  # the checkpoint holds weights past the warm-up, and past what `before` would evaluate
+        run = run.model_copy(update={"sft_steps": 0, "base_eval_episodes": 0})
     with contextlib.ExitStack() as stack:
         warming = None
         if run.sft_steps:
@@ -465,7 +496,8 @@ def run_training(
         trainer = HarnessAsyncGRPOTrainer(
             model, factory, config, train_dataset=rows, processing_class=tokenizer, step_callback=on_step
         )
-        if run.eval_episodes and main:
+        trainer.update_guard = interrupts.held  # Ctrl-C waits for a step's update and push to end
+        if run.eval_episodes and main and not resume:
             if run.sft_steps:
                 trainer.sync_weights()  # the engine still serves the model the warm-up started from
             before = evaluation("sft" if run.sft_steps else "before", factory, rows, config)
@@ -473,6 +505,8 @@ def run_training(
         on_phase(trainer.placement.describe(trainer.model))
         try:
             history = trainer.train(resume_from_checkpoint=True if resume else None)
+        except KeyboardInterrupt as exc:
+            raise interrupts.Interrupted(trainer.step, trainer.interrupted_checkpoint) from exc
         finally:
             trainer.processes.close()
         if run.eval_episodes and main:

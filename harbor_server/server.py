@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import uvicorn
 
@@ -106,6 +106,10 @@ class HarborServer:
         """Leftover sandboxes removed at start-up, per backend."""
         self._http: list[uvicorn.Server] = []
         self.tunnel: Tunnel | None = None
+        self.stop_signal: int | None = None
+        """The signal that stopped `run_http` (None: it stopped otherwise)."""
+        self.on_repeated_signal: Callable[[int], None] | None = None
+        """Called on each further SIGINT/SIGTERM once one has come (`harbor serve` exits at once there)."""
         """`--expose cloudflare|gradio`: the open tunnel to the capture port."""
         self._sockets: list[socket.socket] = []
         """The two ports, bound first thing in start(); uvicorn serves on them."""
@@ -306,12 +310,18 @@ class HarborServer:
         loop = asyncio.get_running_loop()
         signals = (signal.SIGINT, signal.SIGTERM)
         for sig in signals:
-            loop.add_signal_handler(sig, self.request_shutdown)
+            loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             yield
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stop_signal is not None and self.on_repeated_signal is not None:
+            self.on_repeated_signal(sig)
+        self.stop_signal = self.stop_signal or sig
+        self.request_shutdown()
 
     def request_shutdown(self) -> None:
         for server in self._http:

@@ -147,6 +147,15 @@ class HarnessAsyncGRPOTrainer:
         self.completion_log: CompletionLog | None = None
         """Rank 0's, with `log_completions`."""
         self.history: list[dict[str, Any]] = []
+        self.update_guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        """What each update and weight push runs under. `harbor train` holds Ctrl-C there
+        (harbor_rl.interrupts.held), so an interrupt never splits a step and never leaves the engine
+        paused halfway through a push."""
+        self._in_update = False
+        """Inside an update's bookkeeping: a KeyboardInterrupt that lands here (no guard held it) leaves
+        weights and step count out of step, so no checkpoint is written for it."""
+        self.interrupted_checkpoint: Path | None = None
+        """Where `train()` saved the last finished step when a KeyboardInterrupt stopped it."""
         self.consumed_positions: list[int] = []
         """Prompt positions this trainer took off the queue, in order (trained or dropped as stale)."""
 
@@ -173,22 +182,34 @@ class HarnessAsyncGRPOTrainer:
             self.sync_weights()
         self.processes.on_main(self._start_rollouts)
         self.module.train()
+        # The prompts consumed up to the last finished step: what a checkpoint holds if the next step is cut
+        # short while it waits for its groups (they are consumed as they come).
+        schedule = self.schedule.state_dict()
         try:
             while self.step < self.total_steps:
-                metrics = self._train_step()
-                self._engine_current = False
-                self.step += 1
-                if syncs and self.step % args.weight_sync_steps == 0:
-                    metrics["weight_sync_time_s"] = self._sync_weights()
-                metrics["policy_version"] = self.policy_version
-                self.processes.on_main(lambda m=metrics: self._log(m))
-                if args.save_steps and self.step % args.save_steps == 0 and self.step < self.total_steps:
-                    self.save()
-                if self.step_callback is not None:
-                    self.processes.on_main(lambda m=metrics: self._callback(m))
-            if syncs and self.step % args.weight_sync_steps:
-                self._sync_weights()  # the engine ends on the final weights
-            self.save()
+                shard = self.processes.scatter_from_main(self._plan_step)
+                with self.update_guard():  # the update and its bookkeeping: whole, or not at all
+                    self._in_update = True
+                    metrics = self._train_step(shard)
+                    self._engine_current = False
+                    self.step += 1
+                    if syncs and self.step % args.weight_sync_steps == 0:
+                        metrics["weight_sync_time_s"] = self._sync_weights()
+                    metrics["policy_version"] = self.policy_version
+                    self.processes.on_main(lambda m=metrics: self._log(m))
+                    if args.save_steps and self.step % args.save_steps == 0 and self.step < self.total_steps:
+                        self.save()
+                    if self.step_callback is not None:
+                        self.processes.on_main(lambda m=metrics: self._callback(m))
+                    schedule = self.schedule.state_dict()
+                    self._in_update = False
+            with self.update_guard():
+                if syncs and self.step % args.weight_sync_steps:
+                    self._sync_weights()  # the engine ends on the final weights
+                self.save()
+        except KeyboardInterrupt:
+            self.interrupted_checkpoint = self._save_interrupted(schedule)
+            raise
         finally:
             if self.worker is not None:
                 self.worker.stop()
@@ -259,8 +280,8 @@ class HarnessAsyncGRPOTrainer:
     def _callback(self, metrics: dict[str, Any]) -> None:
         self.step_callback(self.step, metrics)
 
-    def _train_step(self) -> dict[str, Any]:
-        shard = self.processes.scatter_from_main(self._plan_step)
+    def _train_step(self, shard: StepShard) -> dict[str, Any]:
+        """One optimizer update on this rank's `shard` of the step's rows; returns the step's metrics."""
         learning_rate = (
             self.scheduler.get_last_lr()[0] if self.scheduler is not None else self.args.learning_rate
         )
@@ -485,28 +506,40 @@ class HarnessAsyncGRPOTrainer:
         # The trainer owns the version (as TRL's model_version): each push is the next one, tagged on
         # the engine; nothing is read back (vLLM reports only the tag it was given).
         version = self.policy_version + 1
-        self.policy_version = push_from_every_rank(
-            self.model, self.processes, lambda stream: self.weight_sync.push(stream, version=version)
-        )
+        with self.update_guard():  # a push cut short would leave the engine paused
+            self.policy_version = push_from_every_rank(
+                self.model, self.processes, lambda stream: self.weight_sync.push(stream, version=version)
+            )
         self.ledger.record(self.policy_version)
         self._engine_current = True
         return time.monotonic() - t0
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
-    def save(self) -> Path:
-        """Write a checkpoint (rank 0 writes; under FSDP2 every rank must call this, to gather)."""
+    def save(self, schedule: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint (rank 0 writes; under FSDP2 every rank must call this, to gather).
+        `schedule`: the prompts consumed (default: the schedule's state now)."""
         model, optimizer = self.processes.checkpoint_parts(self.model, self.module, self.optimizer)
         state = {
             "global_step": self.step,
             "policy_version": self.policy_version,
-            "schedule": self.schedule.state_dict(),
+            "schedule": schedule if schedule is not None else self.schedule.state_dict(),
             "config": self.args.model_dump(),
         }
         return self.processes.on_main(lambda: save_checkpoint(
             self.args.output_dir, self.step, model, optimizer, state, self.tokenizer,
             self.args.save_total_limit,
         ))  # fmt: skip
+
+    def _save_interrupted(self, schedule: dict[str, Any]) -> Path | None:
+        """After a KeyboardInterrupt: the checkpoint of the last finished step, with the prompts it had
+        consumed, so `--resume` goes on with the next step. None when no step finished, when the interrupt
+        split an update (nothing held it: see `update_guard`), or under several processes (a save is a
+        collective that the other ranks are not in)."""
+        if self.step == 0 or self._in_update or self.processes.world_size > 1:
+            return None
+        with self.update_guard():  # a second signal still kills at once; a first must not split the save
+            return self.save(schedule=schedule)
 
     def _resume(self, path: Path) -> None:
         state = load_checkpoint(path, self.model, self.optimizer)

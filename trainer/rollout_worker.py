@@ -329,7 +329,9 @@ class RolloutWorker:
                         findings,
                     ) from exc
                 self._count_failure()
-                log.warning("rollout %s failed: %s: %s", episode_id, type(exc).__name__, exc)
+                # Once stopping (the run ends or was interrupted), a failure is the cancellation's echo.
+                level = logging.DEBUG if self._stop.is_set() else logging.WARNING
+                log.log(level, "rollout %s failed: %s: %s", episode_id, type(exc).__name__, exc)
                 sample = RolloutSample(member, None, None, failed=True, error=f"{type(exc).__name__}: {exc}")
             sample.latency_s = time.monotonic() - t0
             return sample

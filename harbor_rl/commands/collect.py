@@ -127,12 +127,12 @@ def collect_command(
     OpenEnv's form works as written: harbor collect ENV [--base-url URL] -o DIR -n N --provider P.
 
     Exits 1 when every episode of the run errored (no reward at all), and names the errors."""
-    import asyncio
     import os
 
     from rich.console import Console
 
     from evaluation.collect import CollectConfig, run_collect
+    from harbor_rl import interrupts
     from harbor_rl.commands.eval import sampling_of
 
     console = Console(stderr=True)
@@ -159,17 +159,21 @@ def collect_command(
         agent_step_limit=agent_step_limit,
         sampling=sampling_of(temperature, max_tokens),
     )
-    summary = asyncio.run(
-        run_collect(
-            config,
-            out_dir=output_dir,
-            resume=resume,
-            store_url=store,
-            llm_api_key=llm_api_key,
-            console=console,
-            strict=strict,
+    try:  # a Ctrl-C cancels the run: live episodes are cancelled, written ones stay in results.jsonl
+        summary = interrupts.run(
+            run_collect(
+                config,
+                out_dir=output_dir,
+                resume=resume,
+                store_url=store,
+                llm_api_key=llm_api_key,
+                console=console,
+                strict=strict,
+            )
         )
-    )
+    except KeyboardInterrupt:
+        interrupts.note(f"episodes written so far are kept; continue with: {interrupts.resume_command()}")
+        raise
     console.print(
         f"{summary.written} episodes in {output_dir / 'results.jsonl'} ({summary.dropped} dropped by should_keep, "
         f"{summary.errors} unscoreable this run)"

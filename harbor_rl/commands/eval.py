@@ -84,12 +84,11 @@ def eval_command(
     """Run every task k times through a harness against any OpenAI-compatible endpoint; write a jobs folder.
 
     Exits 1 when every trial of the run errored (no reward at all), and names the errors."""
-    import asyncio
-
     from rich.console import Console
 
     from evaluation.models import EvalConfig
     from evaluation.runner import run_eval
+    from harbor_rl import interrupts
 
     console = Console(stderr=True)
     if compare is not None:
@@ -113,18 +112,22 @@ def eval_command(
         pass_threshold=pass_threshold,
         reward_key=reward_key,
     )
-    summary = asyncio.run(
-        run_eval(
-            config,
-            jobs_dir=output_dir,
-            job_name=job_name,
-            resume=resume,
-            store_url=store,
-            llm_api_key=llm_api_key,
-            console=console,
-            strict=strict,
+    try:  # a Ctrl-C cancels the run: live trials are cancelled, finished ones stay in the job folder
+        summary = interrupts.run(
+            run_eval(
+                config,
+                jobs_dir=output_dir,
+                job_name=job_name,
+                resume=resume,
+                store_url=store,
+                llm_api_key=llm_api_key,
+                console=console,
+                strict=strict,
+            )
         )
-    )
+    except KeyboardInterrupt:
+        interrupts.note(f"finished trials are kept; continue with: {interrupts.resume_command()}")
+        raise
     typer.echo(str(output_dir / summary.job_name / "result.json"))
     if summary.scores.trials and summary.scores.errors == summary.scores.trials:
         console.print(

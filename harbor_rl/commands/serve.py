@@ -99,11 +99,10 @@ def serve(
     ),
 ) -> None:
     """Serve Harbor task datasets: launch agent rollouts in sandboxes, capture their model calls, verify."""
-    import asyncio
-
     from pydantic import ValidationError
     from rich.console import Console
 
+    from harbor_rl import interrupts
     from harbor_server.config import ServeConfig
     from harbor_server.tunnels import EXPOSE_MODES
 
@@ -150,7 +149,9 @@ def serve(
     except (ValidationError, ValueError) as exc:
         raise typer.BadParameter(_config_error(exc)) from exc
     _configure_logging(log_level)
-    code = asyncio.run(_serve(config, console))
+    code = interrupts.run(_serve(config, console))
+    if interrupts.interrupted():
+        raise KeyboardInterrupt  # Ctrl-C: one line and exit 130 (harbor_rl.cli)
     raise typer.Exit(code)
 
 
@@ -197,16 +198,24 @@ def _config_error(exc: Exception) -> str:
 
 
 async def _serve(config, console) -> int:
+    import asyncio
+    import signal
+
     from rich.markup import escape
 
     from capture_proxy.errors import StoreError
+    from harbor_rl import interrupts
     from harbor_server.errors import HarborServerError, StartRefused
     from harbor_server.server import HarborServer
     from tasks.errors import TaskError
 
     server = HarborServer(config)
+    server.on_repeated_signal = lambda _sig: interrupts.kill_now()  # a second Ctrl-C: at once
     try:
         await server.start()
+    except asyncio.CancelledError:  # Ctrl-C while starting (harbor_rl.interrupts cancels the task)
+        await server.stop()
+        raise
     except StartRefused as exc:  # a busy port or a live server id: one line, the user's to fix
         console.print(
             f"[bold red]harbor serve cannot start:[/] {escape(str(exc))}; pass {exc.flag} to choose another",
@@ -224,6 +233,12 @@ async def _serve(config, console) -> int:
         console.print(f"[bold red]harbor serve stopped:[/] {escape(str(exc))}")
         return 1
     finally:
+        if server.stop_signal == signal.SIGINT:
+            # run_http's own handlers are gone: ours again, so a second Ctrl-C while the live rollouts
+            # are cancelled kills at once. SIGTERM stays a service's ordinary stop (exit 0).
+            interrupts.install("serve")
+            interrupts.mark(signal.SIGINT)
+            interrupts.note("live rollouts cancelled and recorded, their sandboxes stopped")
         await server.stop()
     return 0
 

@@ -163,6 +163,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from harbor_rl import interrupts
+        from harbor_rl.interrupts import Interrupted
         from harbor_rl.train_pipeline import (
             CODING_DEFAULTS,
             EMBEDDED_DEFAULTS,
@@ -233,12 +235,21 @@ def register(app: typer.Typer) -> None:
             )
 
         started = time.monotonic()
-        # A TrainerError (or a model that cannot be loaded) is one line through the CLI layer.
-        with progress:
-            _before, _after, history = run_training(
-                run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
-                on_progress=on_progress, on_eval=on_eval,
-            )  # fmt: skip
+        # A TrainerError (or a model that cannot be loaded) is one line through the CLI layer, and so is
+        # a Ctrl-C (harbor_rl.interrupts), with what was saved and how to go on.
+        try:
+            with progress:
+                _before, _after, history = run_training(
+                    run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
+                    on_progress=on_progress, on_eval=on_eval,
+                )  # fmt: skip
+        except Interrupted as exc:
+            if exc.checkpoint is not None:
+                interrupts.note(f"GRPO step {exc.step} saved in {exc.checkpoint}")
+                interrupts.note(f"continue with: {interrupts.resume_command()}")
+            else:
+                interrupts.note("no GRPO step had finished, so no checkpoint was written")
+            raise
         _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 
     return None
