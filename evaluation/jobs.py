@@ -327,6 +327,8 @@ def task_row(trials: list[TrialResult]) -> dict[str, Any]:
         "errors": counts["error"],
         "rewards": [t.reward for t in trials],
         "metrics": {k: m.mean for k, m in metric_means(t.rewards for t in trials if t.scored).items()},
+        # The public images its trials ran on stand-ins of (docker/stand-ins): scores that may differ.
+        "stand_ins": sorted({s.name for t in trials for s in t.stand_in_images}),
     }
 
 

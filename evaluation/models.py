@@ -68,6 +68,17 @@ class TokenCounts(BaseModel):
         return self.prompt + self.completion
 
 
+class StandInImage(BaseModel):
+    """A public base image the trial's sandbox started from that was a stand-in of ours (docker/stand-ins),
+    not the image itself: its score may differ from the real image's (docker/stand-ins/README.md)."""
+
+    name: str
+    """The public name the task's Dockerfile (or docker_image) gives, e.g. python:3.11-slim."""
+    stand_in: str
+    """The stand-in's kind and suite (its `harbor-rl.stand-in` label), e.g. python-setuptools-bookworm."""
+    image_id: str
+
+
 class TrialResult(BaseModel):
     """One trial: a task run once by the harness, then verified."""
 
@@ -103,6 +114,8 @@ class TrialResult(BaseModel):
     """The task folder that ran."""
     task_checksum: str | None = None
     """sha256 over the task folder's files (`Task.digest`)."""
+    stand_in_images: list[StandInImage] = Field(default_factory=list)
+    """The task's base images that were stand-ins where it ran (docker sandboxes); empty: none was."""
 
     @property
     def tool_calls(self) -> int:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -28,6 +29,7 @@ from evaluation.jobs import Job, job_store_url, latest_job
 from evaluation.models import (
     EvalConfig,
     JobSummary,
+    StandInImage,
     TokenCounts,
     TrialResult,
     chosen_reward,
@@ -99,13 +101,40 @@ class TaskFacts:
     name: str
     path: str
     checksum: str
+    stand_ins: tuple[StandInImage, ...] = ()
+    """Its base images that are stand-ins in this Docker engine (`stand_in_images`)."""
 
     @classmethod
-    def of(cls, task: Task) -> TaskFacts:
-        return cls(name=task.name, path=str(task.paths.root), checksum=task.digest())
+    def of(cls, task: Task, sandbox: str = "local") -> TaskFacts:
+        stand_ins = tuple(stand_in_images(task)) if sandbox == "docker" else ()
+        return cls(name=task.name, path=str(task.paths.root), checksum=task.digest(), stand_ins=stand_ins)
 
-    def fields(self) -> dict[str, str]:
-        return {"task_name": self.name, "task_path": self.path, "task_checksum": self.checksum}
+    def fields(self) -> dict[str, Any]:
+        return {
+            "task_name": self.name,
+            "task_path": self.path,
+            "task_checksum": self.checksum,
+            "stand_in_images": list(self.stand_ins),
+        }
+
+
+def stand_in_images(task: Task) -> list[StandInImage]:
+    """The task's base images that are stand-ins in the local Docker engine, where `LocalHarbor`'s docker
+    sandboxes run (none when the engine cannot be reached: the trial then says why itself)."""
+    from sandboxes.images import base_image_names, stand_ins_among
+
+    try:
+        import docker
+
+        client = docker.from_env()
+        try:
+            names = base_image_names(task.sandbox_spec("stand-in-check"))
+            return [StandInImage(**found) for found in stand_ins_among(client, names)]
+        finally:
+            client.close()
+    except Exception as exc:  # the SDK raises DockerException, requests' errors, ...; a task's env error
+        log.debug("could not tell whether %s runs on a stand-in: %s", task.id, exc)
+        return []
 
 
 def trial_result(
@@ -257,7 +286,8 @@ async def _run_trials(
     async def task_facts(trial: Trial) -> TaskFacts:
         key = (trial.split, trial.task_id)
         if key not in facts:  # the digest reads every file of the task: once per task
-            facts[key] = await asyncio.to_thread(TaskFacts.of, datasets[trial.split].get(trial.task_id))
+            task = datasets[trial.split].get(trial.task_id)
+            facts[key] = await asyncio.to_thread(TaskFacts.of, task, config.sandbox)
         return facts[key]
 
     async def one(trial: Trial, bar) -> None:
@@ -352,11 +382,15 @@ def results_table(summary: JobSummary) -> Table:
     table.add_column("error", justify="right", style="yellow")
     for key in summary.metrics:
         table.add_column(key, justify="right")
+    stand_ins = sorted({name for row in summary.per_task.values() for name in row.get("stand_ins", ())})
+    if stand_ins:
+        table.add_column("stand-in of", style="magenta")
     for task, row in summary.per_task.items():
         cells = [task, str(row["trials"]), str(row["passed"]), str(row["failed"])]
         cells += [str(row.get("metrics_only", 0))] if s.metrics_only else []
         cells.append(str(row["errors"]))
         cells += [_fmt(row.get("metrics", {}).get(key)) for key in summary.metrics]
+        cells += [", ".join(row.get("stand_ins", ())) or "-"] if stand_ins else []
         table.add_row(*cells)
     on = f" on {summary.reward_key!r}" if summary.reward_key else ""
     at_k = "  ".join(f"pass@{k} {_fmt(v)}" for k, v in s.pass_at_k.items())
@@ -373,6 +407,11 @@ def results_table(summary: JobSummary) -> Table:
     ]
     if s.metrics_only:
         lines.append(metrics_only_hint(summary))
+    if stand_ins:
+        lines.append(
+            f"ran on stand-ins of {', '.join(stand_ins)}, not the images themselves (which could not be "
+            "pulled): scores may differ; docker/stand-ins/README.md says how"
+        )
     lines.extend(
         f"step {name}: {st.verified}/{st.trials} verified"
         + "".join(f", {k} {_fmt(m.mean)}" for k, m in st.metrics.items())

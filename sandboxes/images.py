@@ -28,6 +28,8 @@ IMAGE_PREFIX = "harbor-rl/task-"
 HASH_LABEL = "harbor-rl.context-hash"
 BASE_IMAGE_PREFIX = "harbor-rl/sandbox-base"
 _HASH_CHARS = 20
+STAND_IN_LABEL = "harbor-rl.stand-in"
+"""The label docker/stand-ins/build.sh gives a stand-in tagged under a public name (its kind and suite)."""
 BUILD_HEARTBEAT_S = 15.0
 """While an image builds, a progress line at least this often: a step such as a harness's pip install
 prints nothing for a minute, and a silent first rollout looks hung."""
@@ -66,6 +68,32 @@ def context_hash(context_dir: Path, *, extra: str = "") -> str:
                 for block in iter(lambda h=handle: h.read(1 << 20), b""):
                     digest.update(block)
     return digest.hexdigest()
+
+
+def base_image_names(spec: SandboxSpec) -> list[str]:
+    """The public images a sandbox of `spec` starts from: its `docker_image`, else its Dockerfile's FROMs."""
+    if spec.docker_image:
+        return [spec.docker_image]
+    if spec.environment_dir is not None and (Path(spec.environment_dir) / "Dockerfile").is_file():
+        return parse_dockerfile(Path(spec.environment_dir) / "Dockerfile").base_images()
+    return []
+
+
+def stand_ins_among(client: Any, names: list[str]) -> list[dict[str, str]]:
+    """Those of `names` that are a stand-in here (docker/stand-ins), not the public image itself: a result
+    produced on one says so, since a stand-in differs from its image (docker/stand-ins/README.md)."""
+    import docker.errors
+
+    found = []
+    for name in names:
+        try:
+            image = client.images.get(name)
+        except docker.errors.ImageNotFound:
+            continue
+        kind = (image.labels or {}).get(STAND_IN_LABEL)
+        if kind:
+            found.append({"name": name, "stand_in": kind, "image_id": image.id})
+    return found
 
 
 class ImageBuilder:

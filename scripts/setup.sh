@@ -109,8 +109,8 @@ if ! docker compose version 2>/dev/null | grep -q "version v2"; then
   fi
 fi
 
-# 8. Stand-ins for the public base images Harbor tasks use, where Docker Hub is unreachable (never over a
-#    real image; cached).
+# 8. The public base images Harbor tasks use: pulled, and a stand-in tagged only where the pull fails
+#    (never over a real image; cached; it prints which per name).
 if [ -x docker/stand-ins/build.sh ]; then
   bash docker/stand-ins/build.sh
 fi

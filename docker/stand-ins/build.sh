@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Build stand-ins for the public base images Harbor tasks use (images.txt) and tag each public name that
-# is not already present. A real image is never overwritten: a name is (re)tagged only when it is missing
-# or carries our label `harbor-rl.stand-in`. Idempotent: each stand-in is keyed by a hash of its recipe,
-# and the uv wheel is cached in $HARBOR_SANDBOX_BASE_CACHE. Prints what it tagged. See README.md.
+# The public base images Harbor tasks use (images.txt): pulled where the registry answers, and a stand-in
+# of ours tagged under a name only where its pull fails. A real image is never overwritten, and a
+# stand-in never shadows a name that could be pulled: a name that is one of ours (label
+# `harbor-rl.stand-in`) is pulled again on each run and the real image replaces it when that works.
+# Prints what it did for each name: pulled / present / stand-in (pull failed: why). Idempotent: each
+# stand-in is keyed by a hash of its recipe; the uv and pip wheels are cached in $HARBOR_SANDBOX_BASE_CACHE.
+# A registry that cannot be reached is tried once per run, so an offline run costs well under a second.
+# See README.md.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 UV_VERSION="${HARBOR_STAND_IN_UV_VERSION:-0.9.7}"  # the version Harbor's template test.sh installs
+PIP_VERSION="${HARBOR_STAND_IN_PIP_VERSION:-25.3}"
+SETUPTOOLS_VERSION="${HARBOR_STAND_IN_SETUPTOOLS_VERSION:-70.1.0}"  # python:3.11-slim-bookworm's (docker-library/python, 3.11/slim-bookworm/Dockerfile)
+WHEEL_VERSION="${HARBOR_STAND_IN_WHEEL_VERSION:-0.45.1}"
 CACHE_DIR="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}"
 HOST_CA="${HARBOR_STAND_IN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 LABEL="harbor-rl.stand-in"
 IMAGES="${HARBOR_STAND_IN_IMAGES:-images.txt}"  # the list of names (tests use their own)
+PULL_TIMEOUT="${HARBOR_STAND_IN_PULL_TIMEOUT:-60}"
+# How a name is pulled; a test sets it to a command that "pulls" by tagging a local image.
+read -r -a PULL <<<"${HARBOR_STAND_IN_PULL:-docker pull -q}"
 
 case "$(uname -m)" in
   x86_64) platform=manylinux_2_17_x86_64 ;;
@@ -21,13 +31,29 @@ esac
 work="$(mktemp -d "${TMPDIR:-/tmp}/harbor-rl-stand-ins.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 
+ours() { docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$1" 2>/dev/null || true; }
+
+registry_of() {  # docker.io unless the name's first part is a host (has a dot or port, or is localhost)
+  local first="${1%%/*}"
+  if [[ "$1" == */* && ( "$first" == *.* || "$first" == *:* || "$first" == localhost ) ]]; then
+    echo "$first"
+  else
+    echo docker.io
+  fi
+}
+
+pip_download() {  # $1 dir, $2... requirements: wheels from PyPI, once
+  local dir="$1"; shift
+  mkdir -p "$dir"
+  PIP_CONSTRAINT="" python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir" "$@" 2>&1 \
+    | grep -v -e "is ignored: it is neither" >&2 || true
+}
+
 uv_binaries() {  # uv and uvx from the PyPI wheel, once (astral.sh, where Harbor's test.sh gets them, may be unreachable)
   [ -x "$work/bin/uvx" ] && return
-  mkdir -p "$CACHE_DIR/uv-$UV_VERSION" "$work/bin"
-  if ! ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl >/dev/null 2>&1; then
-    python3 -m pip download -q --no-deps --only-binary=:all: --platform "$platform" --python-version 3.11 \
-      -d "$CACHE_DIR/uv-$UV_VERSION" "uv==$UV_VERSION" 2>&1 | grep -v -e "is ignored: it is neither" >&2 || true
-  fi
+  mkdir -p "$work/bin"
+  ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl >/dev/null 2>&1 || \
+    pip_download "$CACHE_DIR/uv-$UV_VERSION" --platform "$platform" --python-version 3.11 "uv==$UV_VERSION"
   python3 - "$(ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl | head -1)" "$work/bin" <<'PY'
 import sys, zipfile, pathlib
 with zipfile.ZipFile(sys.argv[1]) as z:
@@ -39,30 +65,41 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PY
 }
 
-# The base images the stand-ins start from (debootstrapped, cached; see docker/sandbox-base).
-variants="$(awk '!/^#/ && NF {print $2}' "$IMAGES" | sort -u)"
-for suite in $variants; do
-  [ "$suite" = uv ] && continue
-  docker image inspect "harbor-rl/sandbox-base:$suite" >/dev/null 2>&1 || \
-    HARBOR_SANDBOX_BASE_IMAGE="harbor-rl/sandbox-base:$suite" HARBOR_SANDBOX_BASE_SUITE="$suite" \
-      bash ../sandbox-base/build.sh >/dev/null
-done
+pip_packages() {  # $1 kind: what the public image pip-installed (docker-library/python's Dockerfiles)
+  case "$1" in
+    python) echo "pip==$PIP_VERSION" ;;
+    python-setuptools) echo "pip==$PIP_VERSION setuptools==$SETUPTOOLS_VERSION wheel==$WHEEL_VERSION" ;;
+  esac
+}
 
-# One stand-in image per variant, tagged by a hash of what goes into it; built only when missing.
-build_variant() {  # $1 variant; prints the image reference
-  local variant="$1" context="$work/$1" dockerfile=Dockerfile base hash ref
-  [ "$variant" = uv ] && dockerfile=Dockerfile.uv
-  base="harbor-rl/sandbox-base:$variant"
-  [ "$variant" = uv ] && base=scratch
-  hash="$( (cat "$dockerfile"; echo "$UV_VERSION $platform"; docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
+# One stand-in image per kind and suite, tagged by a hash of what goes into it; built only when missing.
+build_variant() {  # $1 kind, $2 suite; prints the image reference
+  local kind="$1" suite="$2" variant context dockerfile=Dockerfile base hash ref packages wheels
+  variant="$kind${suite:+-$suite}"
+  context="$work/$variant"
+  [ "$kind" = uv ] && dockerfile=Dockerfile.uv
+  base="harbor-rl/sandbox-base:$suite"
+  [ "$kind" = uv ] && base=scratch
+  if [ "$base" != scratch ] && ! docker image inspect "$base" >/dev/null 2>&1; then
+    # The base the stand-ins start from (debootstrapped, cached; see docker/sandbox-base).
+    HARBOR_SANDBOX_BASE_IMAGE="$base" HARBOR_SANDBOX_BASE_SUITE="$suite" bash ../sandbox-base/build.sh >/dev/null
+  fi
+  packages="$(pip_packages "$kind")"
+  hash="$( (cat "$dockerfile"; echo "$variant $packages $UV_VERSION $platform"; \
+            docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
             cat "$HOST_CA" 2>/dev/null || true) | sha256sum | cut -c1-12)"
   ref="harbor-rl/stand-in:$variant-$hash"
   if ! docker image inspect "$ref" >/dev/null 2>&1; then
     uv_binaries
-    mkdir -p "$context/ca"
-    cp "$work/bin/uv" "$work/bin/uvx" "$dockerfile" "$context/"
-    [ "$dockerfile" = Dockerfile ] || mv "$context/$dockerfile" "$context/Dockerfile"
-    if [ "$variant" != uv ]; then
+    mkdir -p "$context/ca" "$context/wheels"
+    cp "$work/bin/uv" "$work/bin/uvx" "$context/"
+    cp "$dockerfile" "$context/Dockerfile"
+    if [ -n "$packages" ]; then
+      wheels="$CACHE_DIR/stand-in-wheels/$(echo "$packages" | tr ' =' '_-')"
+      [ -f "$wheels/.done" ] || { pip_download "$wheels" $packages && touch "$wheels/.done"; }
+      cp "$wheels"/*.whl "$context/wheels/"
+    fi
+    if [ "$kind" != uv ]; then
       # The host's CAs that the base image does not already trust.
       docker run --rm --network none "$base" cat /etc/ssl/certs/ca-certificates.crt >"$work/base-ca.pem"
       python3 - "$HOST_CA" "$work/base-ca.pem" "$context/ca" <<'PY'
@@ -75,27 +112,57 @@ for i, cert in enumerate(c for c in certs(sys.argv[1]) if c not in known):
     (pathlib.Path(sys.argv[3]) / f"host-extra-{i}.crt").write_text(cert + "\n")
 PY
     fi
-    docker build -q --build-arg "BASE=$base" --label "$LABEL=$variant" -t "$ref" "$context" \
-      >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
+    docker build -q --build-arg "BASE=$base" --build-arg "KIND=$kind" --build-arg "PIP_PACKAGES=$packages" \
+      --label "$LABEL=$variant" -t "$ref" "$context" >"$work/build.log" 2>&1 \
+      || { cat "$work/build.log" >&2; exit 1; }
   fi
   echo "$ref"
 }
 
-declare -A built=()
-while read -r name variant _; do
-  case "$name" in ''|'#'*) continue ;; esac
-  if docker image inspect "$name" >/dev/null 2>&1; then
-    mine="$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$name" 2>/dev/null || true)"
-    if [ -z "$mine" ]; then
-      echo "stand-ins: $name is a real image here; kept"
-      continue
-    fi
+try_pull() {  # $1 name; on failure sets $why (one line) and marks an unreachable registry
+  local name="$1" registry out rc
+  registry="$(registry_of "$name")"
+  if [ -n "${unreachable[$registry]:-}" ]; then
+    why="${unreachable[$registry]}"
+    return 1
   fi
-  [ -n "${built[$variant]:-}" ] || built[$variant]="$(build_variant "$variant")"
-  ref="${built[$variant]}"
+  rc=0
+  out="$(timeout "$PULL_TIMEOUT" "${PULL[@]}" "$name" 2>&1)" || rc=$?
+  if [ "$rc" -eq 0 ] && docker image inspect "$name" >/dev/null 2>&1 && [ -z "$(ours "$name")" ]; then
+    return 0
+  fi
+  if [ "$rc" -eq 124 ]; then
+    why="no answer from $registry in ${PULL_TIMEOUT}s"
+  elif [ "$rc" -eq 0 ]; then
+    why="the pull left no image of its own under the name"
+  else
+    why="$(printf '%s\n' "$out" | grep -v '^\s*$' | tail -1 | sed -e 's/^Error response from daemon: //' -e 's/^Get "[^"]*": //' | cut -c1-160)"
+  fi
+  # The registry itself is out of reach (not just this name): the other names on it are not tried.
+  if [ "$rc" -eq 124 ] || grep -qiE "no such host|dial tcp|connection refused|network is unreachable|i/o timeout|TLS handshake" <<<"$out"; then
+    unreachable[$registry]="$why"
+  fi
+  return 1
+}
+
+declare -A built=() unreachable=()
+while read -r name kind suite _; do
+  case "$name" in ''|'#'*) continue ;; esac
+  if docker image inspect "$name" >/dev/null 2>&1 && [ -z "$(ours "$name")" ]; then
+    echo "stand-ins: $name: present"
+    continue
+  fi
+  why=""
+  if try_pull "$name"; then
+    echo "stand-ins: $name: pulled"
+    continue
+  fi
+  key="$kind-${suite:-}"
+  [ -n "${built[$key]:-}" ] || built[$key]="$(build_variant "$kind" "${suite:-}")"
+  ref="${built[$key]}"
   if [ "$(docker image inspect -f '{{.Id}}' "$name" 2>/dev/null || true)" != \
        "$(docker image inspect -f '{{.Id}}' "$ref")" ]; then
     docker tag "$ref" "$name"
-    echo "stand-ins: tagged $name -> $ref"
   fi
+  echo "stand-ins: $name: stand-in $ref (pull failed: $why)"
 done <"$IMAGES"
