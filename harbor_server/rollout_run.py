@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from capture_proxy.config import normalize_engine_url
-from capture_proxy.errors import ProxyRequestError
+from capture_proxy.errors import InvalidSessionUpdate, ProxyRequestError
 from capture_proxy.models import SessionCreate
 from capture_proxy.service import CaptureService
 from capture_proxy.store import ROLLOUT_KEY, TraceStore, runs_dir
@@ -163,6 +163,9 @@ class RolloutRunner:
         """(engine URL, model) -> the engine's max_model_len; asked once per engine, not per rollout."""
         self.home: asyncio.AbstractEventLoop | None = None
         """The home loop; the manager sets it when it starts, before any rollout runs."""
+        self.disowned = False
+        """Another server took this one's id over and failed its rollouts in the store: their ends are
+        that server's record now, not this one's to overwrite."""
 
     # -- on the home loop ------------------------------------------------------------------------
 
@@ -434,8 +437,17 @@ class RolloutRunner:
             if sandbox is not None:
                 ending.timings["sandbox_stop"] = await self._stop_sandbox(live, sandbox)
             ending.timings["total"] = time.monotonic() - started
+            if self.disowned:
+                log.warning(
+                    "rollout %s ended; not recorded: another server has this server's id", live.rollout_id
+                )
+                return
             await self._persist(live, ending)
             _log_end(live, ending)
+        except InvalidSessionUpdate as exc:
+            # Already ended by someone else: a server that took this one's id over failed it before
+            # this one learned (at its next heartbeat). One line, not a traceback per rollout.
+            log.warning("rollout %s: its end is not recorded: %s", live.rollout_id, exc)
         except Exception:
             log.exception("could not record the end of rollout %s", live.rollout_id)
         finally:

@@ -185,6 +185,11 @@ class RolloutManager:
             )
         return orphans
 
+    def disown(self) -> None:
+        """Another server has taken this one's id over (and failed its live rollouts in the store): stop
+        writing their ends. Thread-safe (a flag the worker reads)."""
+        self._runner.disowned = True
+
     async def stop(self) -> None:
         """Cancel every live rollout (their sandboxes are stopped) and wait for them to be recorded."""
         self._closing = True

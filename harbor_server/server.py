@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import signal
@@ -156,14 +157,20 @@ class HarborServer:
                 self.config.server_id,
                 heartbeat_s=self.config.lock_heartbeat_s,
             )
-            loop = asyncio.get_running_loop()
-            self.lock.keep_alive(on_lost=lambda: loop.call_soon_threadsafe(self.request_shutdown))
+            self.lock.keep_alive(on_lost=functools.partial(self._on_lock_lost, asyncio.get_running_loop()))
             await self._open_tunnel()  # before the sandbox backends: E2B's is built with the public URL
             await self._start_serving_parts()
         except BaseException:
             # Never leave a tunnel process, a held lock or a bound port behind a server that did not start.
             await self.stop()
             raise
+
+    def _on_lock_lost(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From the lock's heartbeat thread: another server holds this one's id now. Its rollouts are
+        that server's record; this one stops (run_http then says why)."""
+        if self._manager is not None:
+            self._manager.disown()
+        loop.call_soon_threadsafe(self.request_shutdown)
 
     async def _start_serving_parts(self) -> None:
         proxy_config = ProxyConfig(
