@@ -59,6 +59,20 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+async def _serve_on(server: uvicorn.Server, sock: socket.socket) -> None:
+    """uvicorn's serve on a bound socket. uvicorn ends a failed start-up (an app's lifespan) with
+    sys.exit(3), which out of a task would end the process mid-shutdown with a wall of "Task exception
+    was never retrieved": here it is this server's failure, reported by run_http in one line."""
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:
+        raise HarborServerError(f"uvicorn exited with {exc.code} while starting") from None
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, HarborServerError) else type(exc).__name__
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("harbor-rl")
@@ -107,6 +121,9 @@ class HarborServer:
         """Leftover sandboxes removed at start-up, per backend."""
         self._http: list[uvicorn.Server] = []
         self.tunnel: Tunnel | None = None
+        self.handle_signals = True
+        """Whether `run_http` takes SIGINT/SIGTERM in the main thread (False: its owner handles them, as
+        `harbor eval` does for the server it runs in-process)."""
         self.stop_signal: int | None = None
         """The signal that stopped `run_http` (None: it stopped otherwise)."""
         self.on_repeated_signal: Callable[[int], None] | None = None
@@ -281,8 +298,7 @@ class HarborServer:
             ),
         ]
         tasks = [
-            asyncio.create_task(s.serve(sockets=[sock]))
-            for s, sock in zip(self._http, self._sockets, strict=True)
+            asyncio.create_task(_serve_on(s, sock)) for s, sock in zip(self._http, self._sockets, strict=True)
         ]
         with self._shutdown_on_signals(), serving_gc():  # as the standalone proxy's lifespan
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -297,8 +313,7 @@ class HarborServer:
             if isinstance(result, BaseException) or not server.started:
                 raise HarborServerError(
                     f"could not serve on {server.config.host}:{server.config.port} "
-                    f"({type(result).__name__ if isinstance(result, BaseException) else 'not started'}; "
-                    "see the log above)"
+                    f"({_why(result) if isinstance(result, BaseException) else 'not started'}; see the log above)"
                 )
 
     async def serve(self) -> None:
@@ -311,8 +326,8 @@ class HarborServer:
     @contextlib.contextmanager
     def _shutdown_on_signals(self):
         """SIGINT/SIGTERM stop the HTTP servers; stop() then cancels and records live rollouts."""
-        if threading.current_thread() is not threading.main_thread():
-            yield  # in a thread (tests): the owner calls request_shutdown()
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield  # in a thread (tests), or inside a command that handles them: the owner calls request_shutdown()
             return
         loop = asyncio.get_running_loop()
         signals = (signal.SIGINT, signal.SIGTERM)

@@ -208,3 +208,38 @@ def test_a_server_that_stops_beating_is_taken_over_its_rollouts_swept_and_it_sto
             assert store.server_locks.get("node-a") is None  # released on a clean stop
         finally:
             store.close()
+
+
+def test_an_app_that_fails_to_start_is_one_error_not_a_process_exit(tmp_path, monkeypatch):
+    """uvicorn ends a failed start-up with sys.exit(3); out of a task that used to end `harbor serve`
+    with a wall of "Task exception was never retrieved". It is the server's error, said once."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    import harbor_server.app
+    from harbor_server.errors import HarborServerError
+    from harbor_server.server import HarborServer
+    from tests.server.conftest import make_config
+
+    @contextlib.asynccontextmanager
+    async def broken_lifespan(app):
+        raise RuntimeError("the app's start-up failed")
+        yield
+
+    monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setattr(harbor_server.app, "create_api_app", lambda server: FastAPI(lifespan=broken_lifespan))
+    server = HarborServer(make_config(tmp_path))
+
+    async def main() -> None:
+        await server.start()
+        try:
+            with pytest.raises(
+                HarborServerError, match=r"could not serve on .*uvicorn exited with 3 while starting"
+            ):
+                await server.run_http()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert TraceStore(server.store_url).server_locks.get(server.config.server_id) is None  # released
