@@ -6,14 +6,24 @@ Each rollout gets `ROOT/<name>-<id>/fs/`, whose top-level folders (`app`, `logs`
 see the same paths as in a container. Environment variables are cleared: only the image's `ENV`, the
 spec's env and a sane PATH/HOME enter, so host secrets never do.
 
-The network: a task without `allow_internet` (`network_mode = "no-network"`) runs each exec in its own
-network namespace where only the capture proxy is reachable, at the 127.0.0.1 address the harness is
-given (`sandboxes/local_network.py`); `allow_internet = true` (`public`) shares the host's network;
-`allowlist` cannot be filtered by host here and is refused. `apply_network` switches a public sandbox
-between the two for a phase (an agent phase without network, the verifier with it). Provisioning (the Dockerfile's `RUN` steps)
-runs on the host's network, as `docker build` does. No CPU or memory limits. Without bwrap commands
-run unisolated on the host, network included, with a clear warning, and absolute task paths such as
-`/app` do not exist.
+The network (`sandboxes/local_network.py`), what each mode reaches:
+
+    mode         where each exec runs                               reaches
+    no-network   its own empty namespace (bwrap --unshare-net)      the capture proxy only
+    public       the sandbox's namespace, slirp4netns + nft filter  the internet and the proxy; no
+                                                                    address of the host (loopback,
+                                                                    LAN IPs, Docker gateways), no
+                                                                    private or link-local range
+    allowlist    the same namespace, filtered to the pinned         the listed hosts (pinned in
+                 addresses of the listed hosts                      /etc/hosts, no DNS) and the proxy
+
+The capture proxy is at 127.0.0.1:<port> in every mode, the address the harness is given.
+`apply_network` narrows it for a phase (an agent phase without network, the verifier with it).
+Provisioning (the Dockerfile's `RUN` steps, harness layers) runs with internet but without the host,
+as `docker build` does on its bridge. A mode that cannot be isolated here (no usable bwrap; no
+slirp4netns, nft or socat) is refused in one line (`network_refusal`), never run on the host's
+network; only `isolation="none"`, asked for by name, runs commands on the host, network included. No
+CPU or memory limits.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ from sandboxes.errors import (
     UnsupportedEnvironment,
 )
 from sandboxes.housekeeping import PathStat
-from sandboxes.policy import check_narrowing
+from sandboxes.policy import Allowlist, check_narrowing, resolve_allowlist
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +81,55 @@ _SUGGEST_DOCKER = "use `--sandbox docker` for this task"
 _MAX_SYMLINK_HOPS = 40
 
 Isolation = Literal["auto", "bwrap", "none"]
-Network = Literal["host", "isolated"]
+Network = Literal["host", "isolated", "public"]
+"""host: the host's own network (isolation="none" only); isolated: each exec in an empty namespace
+with the proxy; public: the sandbox's slirp4netns namespace, filtered (public or an allow-list)."""
+
+
+def network_refusal(
+    mode: NetworkMode, *, isolation: Isolation = "auto", bwrap_usable: bool | None = None
+) -> str | None:
+    """Why a local sandbox cannot isolate `mode` on this machine (one line naming the fix), or None.
+
+    `harbor tasks check`, eval, serve and train refuse a task with it up front; `start` refuses the
+    same way, so no path runs a task on the host's network unasked."""
+    if isolation == "none":
+        return None
+    if bwrap_usable is None:
+        bwrap_usable = bwrap_problem() is None
+    if not bwrap_usable:
+        return (
+            f"network {mode}: bubblewrap (bwrap) is missing or cannot make namespaces here, so a local "
+            "sandbox cannot isolate its network (apt-get install bubblewrap); use --sandbox docker"
+        )
+    if mode in ("public", "allowlist"):
+        problem = local_network.public_network_problem()
+    else:
+        problem = None if local_network.socat_path() else "socat not installed (apt-get install socat)"
+    if problem:
+        return f"network {mode}: {problem}, so a local sandbox cannot isolate it; use --sandbox docker"
+    return None
+
+
+_BWRAP_PROBLEM: list[str | None] = []
+
+
+def bwrap_problem() -> str | None:
+    """Why bwrap cannot isolate here (missing, or namespaces refused), or None; probed once a process."""
+    if not _BWRAP_PROBLEM:
+        path = shutil.which("bwrap")
+        problem = "bwrap (bubblewrap) is not installed" if path is None else None
+        if path is not None:
+            probe = subprocess.run(
+                [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if probe.returncode != 0:
+                problem = f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
+        _BWRAP_PROBLEM.append(problem)
+    return _BWRAP_PROBLEM[0]
 
 
 def default_root() -> Path:
@@ -137,12 +195,15 @@ class LocalBackend:
             spec = spec.model_copy(update={"workdir": LOCAL_DEFAULT_WORKDIR})
         use_bwrap = await self._use_bwrap()
         folder = self.root / f"{_safe_name(spec.name)}-{uuid.uuid4().hex[:8]}"
-        network = self._network_for(spec, spec.network_mode, use_bwrap)
+        network = self._network_for(spec.network_mode, use_bwrap)
+        allow = await _allowlist(spec.network_mode, spec.allowed_hosts)
         sandbox = LocalSandbox(spec, folder, use_bwrap=use_bwrap, backend=self)
         try:
             await asyncio.to_thread(sandbox._create_layout)
-            await _Provisioner(sandbox).run()  # on the host's network, as `docker build` is
-            await sandbox._enter_network(network)
+            # Provisioning has internet but not the host, as `docker build` on its bridge.
+            await sandbox._enter_network(self._network_for("public", use_bwrap))
+            await _Provisioner(sandbox).run()
+            await sandbox._enter_network(network, allow)
         except BaseException:
             await sandbox.stop()
             raise
@@ -150,13 +211,12 @@ class LocalBackend:
 
     async def health(self) -> str:
         if await self._use_bwrap():
-            net = (
-                "only the capture proxy on the network"
-                if local_network.socat_path()
-                else "host network (no socat)"
-            )
+            problem = network_refusal("public", isolation=self.isolation, bwrap_usable=True)
+            net = f"refuses {problem}" if problem else "internet without the host (slirp4netns)"
             return f"local: ready, bubblewrap isolation, {net}, folders under {self.root}"
-        return f"local: ready WITHOUT isolation (bwrap missing or unusable), folders under {self.root}"
+        if self.isolation == "none":
+            return f"local: ready WITHOUT isolation (asked for), folders under {self.root}"
+        return f"local: refuses every task: {bwrap_problem()}; folders under {self.root}"
 
     async def sweep(self) -> int:
         """Remove rollout folders whose owning process on this host is gone."""
@@ -164,25 +224,14 @@ class LocalBackend:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _network_for(
-        self, spec: SandboxSpec, mode: NetworkMode, use_bwrap: bool, hosts: list[str] | None = None
-    ) -> Network:
-        """Where a network mode puts this sandbox: its own namespace, or the host's network."""
-        if mode == "allowlist":
-            raise UnsupportedEnvironment(
-                f"network_mode 'allowlist' ({', '.join(spec.allowed_hosts if hosts is None else hosts)}): "
-                "the local sandbox cannot "
-                f"filter by host; {_SUGGEST_DOCKER}"
-            )
-        if not use_bwrap or mode == "public":
-            return "host"
-        if spec.proxy_port is not None and local_network.socat_path() is None:
-            problem = "socat is not installed (apt-get install socat), so the capture proxy cannot be forwarded into the sandbox's own network namespace"
-            if self.isolation == "bwrap":
-                raise SandboxUnavailable(f"local sandbox isolation was required but {problem}")
-            log.warning("%s: local sandboxes share the HOST's network", problem)
-            return "host"
-        return "isolated"
+    def _network_for(self, mode: NetworkMode, use_bwrap: bool) -> Network:
+        """Where a network mode puts this sandbox; a mode it cannot isolate is refused, one line."""
+        if self.isolation == "none":
+            return "host"  # asked for by name: no isolation at all
+        refusal = network_refusal(mode, isolation=self.isolation, bwrap_usable=use_bwrap)
+        if refusal:
+            raise UnsupportedEnvironment(f"the local sandbox refuses {refusal}")
+        return "isolated" if mode == "no-network" else "public"
 
     def _sweep(self) -> int:
         if not self.root.is_dir():
@@ -210,24 +259,14 @@ class LocalBackend:
     def _probe_bwrap(self) -> bool:
         if self.isolation == "none":
             return False
-        path = shutil.which("bwrap")
-        problem = "bwrap (bubblewrap) is not installed" if path is None else None
-        if path is not None:
-            probe = subprocess.run(
-                [path, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            if probe.returncode != 0:
-                problem = f"bwrap cannot create namespaces here: {probe.stderr.strip()}"
+        problem = bwrap_problem()
         if problem is None:
             return True
         if self.isolation == "bwrap":
             raise SandboxUnavailable(f"local sandbox isolation was required but {problem}")
         log.warning(
-            "%s: local sandboxes run UNISOLATED on the host, with the host's paths (no /app, /logs, "
-            "/tests); install bubblewrap (apt-get install bubblewrap) or use --sandbox docker",
+            "%s: local sandboxes cannot isolate commands, so tasks are refused on them; install "
+            "bubblewrap (apt-get install bubblewrap) or use --sandbox docker",
             problem,
         )
         return False
@@ -247,8 +286,14 @@ class LocalSandbox:
         self._procs: set[asyncio.subprocess.Process] = set()
         self._stopped = False
         self.network: Network = "host"
-        """`isolated`: each exec in its own network namespace, the proxy forwarded in (see start)."""
+        """`isolated`: each exec in its own network namespace, the proxy forwarded in (see start);
+        `public`: each exec in the sandbox's slirp4netns namespace, filtered by `_allow`."""
         self._forwarder: local_network.ProxyForwarder | None = None
+        self._allow: Allowlist | None = None
+        """The allow-list a `public` namespace is filtered to; None: the internet without the host."""
+        self._public: local_network.PublicNamespace | None = None
+        """Made by the first exec that needs it (a sandbox whose commands never need internet has none)."""
+        self._public_lock = asyncio.Lock()
         self._layer_binds: list[tuple[Path, str]] = []
         """Cached harness layer folders bound read-only (see layer_cache.restore)."""
 
@@ -263,21 +308,50 @@ class LocalSandbox:
         # The host's own address, or in an isolated namespace the forwarder listening at the same one.
         return "127.0.0.1"
 
-    async def _enter_network(self, network: Network) -> None:
-        """From now on every exec runs on `network`; an isolated one gets the proxy forwarder (started
-        once, kept for later phases)."""
-        if network == "isolated" and self.spec.proxy_port is not None and self._forwarder is None:
+    async def _enter_network(self, network: Network, allow: Allowlist | None = None) -> None:
+        """From now on every exec runs on `network`; both namespaces get the proxy forwarder (started
+        once, kept for later phases). A live public namespace is filtered anew before this returns."""
+        if network != "host" and self.spec.proxy_port is not None and self._forwarder is None:
             self._forwarder = local_network.ProxyForwarder(self.spec.proxy_port)
             net_folder = await self._forwarder.start()
             await asyncio.to_thread(self._write_owner, net_folder=str(net_folder))
-        self.network = network
+        self.network, self._allow = network, allow
+        if network == "public" and self._public is not None:
+            await self._filter(self._public)
+
+    async def _public_namespace(self) -> local_network.PublicNamespace:
+        async with self._public_lock:
+            if self._public is None:
+                forwarder = self._forwarder
+                socket_path = (
+                    forwarder.folder / local_network.SOCKET_NAME if forwarder and forwarder.folder else None
+                )
+                namespace = local_network.PublicNamespace(
+                    self.folder / "net", socket_path, forwarder.port if forwarder else None
+                )
+                allow = self._allow
+                try:
+                    await namespace.start(allow.addresses if allow else None, allow.pins if allow else None)
+                except BaseException:
+                    await namespace.stop()
+                    raise
+                self._public = namespace
+            return self._public
+
+    async def _filter(self, namespace: local_network.PublicNamespace) -> None:
+        if self._allow is None:
+            await namespace.apply(None)
+        else:
+            await namespace.apply(self._allow.addresses, self._allow.pins)
 
     async def apply_network(self, mode: NetworkMode, allowed_hosts: list[str]) -> None:
-        """A phase's network: each later exec runs in its own namespace (no-network: only the capture
-        proxy) or on the host's network (public); an allow-list cannot be filtered here."""
+        """A phase's network: each later exec runs in its own empty namespace (no-network: only the
+        capture proxy) or in the sandbox's namespace, filtered to the internet or to an allow-list."""
         self._check_running()
         check_narrowing(self.spec, mode, allowed_hosts)
-        await self._enter_network(self._backend._network_for(self.spec, mode, self.use_bwrap, allowed_hosts))
+        network = self._backend._network_for(mode, self.use_bwrap)
+        known = self._allow.pins if self._allow else None
+        await self._enter_network(network, await _allowlist(mode, allowed_hosts, known))
 
     # -- exec -------------------------------------------------------------------------------------
 
@@ -301,9 +375,14 @@ class LocalSandbox:
             top = PurePosixPath(workdir).parts[1:2]
             if top and top[0] not in _SYSTEM_TOPS:  # system folders exist already, read-only
                 self._host_path(workdir).mkdir(parents=True, exist_ok=True)
-            if self._forwarder is not None and self.network == "isolated":
+            namespace = None
+            if self.network == "public":
+                namespace = await self._public_namespace()
+            elif self._forwarder is not None and self.network == "isolated":
                 argv = local_network.launcher_argv(self._forwarder.port, argv)
-            args = self._bwrap_args(workdir, full_env, uid, gid) + ["--", *argv]
+            args = self._bwrap_args(workdir, full_env, uid, gid, namespace) + ["--", *argv]
+            if namespace is not None:
+                args = namespace.enter_argv() + args
             return await self._run(args, env={}, cwd=None, timeout_s=timeout_s)
         if (uid, gid) != (os.getuid(), os.getgid()):
             raise UnsupportedEnvironment(f"exec as user {user!r} needs bwrap isolation; {_SUGGEST_DOCKER}")
@@ -359,9 +438,18 @@ class LocalSandbox:
             duration_s=time.monotonic() - started,
         )
 
-    def _bwrap_args(self, workdir: str, env: dict[str, str], uid: int, gid: int) -> list[str]:
+    def _bwrap_args(
+        self,
+        workdir: str,
+        env: dict[str, str],
+        uid: int,
+        gid: int,
+        namespace: local_network.PublicNamespace | None = None,
+    ) -> list[str]:
+        # --share-net keeps the network bwrap starts in: the host's (isolation none) or, after nsenter,
+        # the sandbox's public namespace.
         args = [
-            "bwrap", "--unshare-all", *(["--share-net"] if self.network == "host" else []),
+            "bwrap", "--unshare-all", *(["--share-net"] if self.network != "isolated" else []),
             "--die-with-parent", "--new-session",
             "--hostname", _safe_name(self.spec.name)[:63],
             "--ro-bind", "/usr", "/usr",
@@ -373,6 +461,9 @@ class LocalSandbox:
             elif host.is_dir():
                 args += ["--ro-bind", str(host), str(host)]
         args += ["--ro-bind", "/etc", "/etc", "--ro-bind", str(self.folder / "profile"), "/etc/profile"]
+        if namespace is not None:  # slirp's DNS (the host's resolvers are filtered out), pinned names
+            args += ["--ro-bind", str(namespace.resolv_conf), "/etc/resolv.conf"]
+            args += ["--ro-bind", str(namespace.hosts_file), "/etc/hosts"]
         for secret in _SECRET_FILES:
             if os.path.exists(secret):
                 args += ["--ro-bind", "/dev/null", secret]
@@ -538,6 +629,8 @@ class LocalSandbox:
         self._stopped = True
         for proc in list(self._procs):
             _kill_group(proc)
+        if self._public is not None:
+            await self._public.stop()
         if self._forwarder is not None:
             await self._forwarder.stop()
         await asyncio.to_thread(shutil.rmtree, self.folder, True)
@@ -820,6 +913,15 @@ async def _read_capped(stream: asyncio.StreamReader | None, limit: int) -> str:
             dropped += len(chunk)
     text = b"".join(chunks).decode("utf-8", errors="replace")
     return text + (f"\n[... {dropped} bytes of output dropped]\n" if dropped else "")
+
+
+async def _allowlist(
+    mode: NetworkMode, hosts: list[str], known: dict[str, str] | None = None
+) -> Allowlist | None:
+    """An allow-list's names pinned to addresses (resolved on the host); None for the other modes."""
+    if mode != "allowlist":
+        return None
+    return await asyncio.to_thread(resolve_allowlist, hosts, known=known)
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

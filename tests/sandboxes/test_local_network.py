@@ -1,12 +1,12 @@
-"""The local sandbox's network (real bwrap and socat): a task without internet reaches the capture proxy
-at the address the harness is given and no other port of the host; `allow_internet` (network_mode
-public) shares the host's network; an allowlist, which it cannot filter, is refused."""
+"""The local sandbox's network (real bwrap, socat, slirp4netns and nft): in every mode the capture proxy
+is at the address the harness is given and no address of the host is reachable, loopback or not;
+`public` and `allowlist` get their own slirp4netns namespace, filtered; a mode the machine cannot
+isolate is refused in one line. (The internet half, against a test-made "internet": test_local_internet.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import socket
 import uuid
 from pathlib import Path
@@ -16,10 +16,12 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from engine.in_process import serve_in_thread
-from sandboxes import SandboxSpec, UnsupportedEnvironment
+from sandboxes import SandboxSpec, UnsupportedEnvironment, local_network
 from sandboxes.local import LocalBackend
 
-pytestmark = pytest.mark.skipif(shutil.which("socat") is None, reason="socat is not installed")
+pytestmark = pytest.mark.skipif(
+    local_network.public_network_problem() is not None, reason=str(local_network.public_network_problem())
+)
 
 PROBE = r"""
 import json, socket, sys, urllib.request
@@ -63,6 +65,15 @@ def proxy_port():
 def host_listener():
     """Another service on the host's loopback (the engine, the trainer API, PostgreSQL stand for it)."""
     server = socket.create_server(("127.0.0.1", 0))
+    server.listen()
+    yield server.getsockname()[1]
+    server.close()
+
+
+@pytest.fixture
+def any_listener():
+    """A service on every address of the host (0.0.0.0): its LAN address, its Docker bridge gateways."""
+    server = socket.create_server(("0.0.0.0", 0))
     server.listen()
     yield server.getsockname()[1]
     server.close()
@@ -130,16 +141,39 @@ async def test_without_a_proxy_port_nothing_is_reachable(local_backend, host_lis
         await sandbox.stop()
 
 
-async def test_allow_internet_shares_the_host_network(local_backend, proxy_port, host_listener):
+async def test_public_reaches_the_proxy_and_no_address_of_the_host(
+    local_backend, proxy_port, host_listener, any_listener
+):
     sandbox = await local_backend.start(spec(proxy_port=proxy_port, network_mode="public"))
     try:
-        assert sandbox.network == "host"
-        seen = await probe(
-            sandbox, [["listener", "127.0.0.1", host_listener]], f"http://127.0.0.1:{proxy_port}"
-        )
-        assert seen == {"listener": "open", "proxy_body": "data: 0\n\ndata: 1\n\ndata: 2\n\n"}
+        assert sandbox.network == "public"
+        targets = [["loopback", "127.0.0.1", host_listener], ["slirp_gateway", "10.0.2.2", host_listener]]
+        # Every address of the host (its LAN IP, docker0 and other bridges' gateways), and the cloud
+        # metadata address (nothing listens there: it must be refused, not time out).
+        targets += [[f"host {a}", a, any_listener] for a in local_network.host_addresses()]
+        targets += [["metadata", "169.254.169.254", 80]]
+        seen = await probe(sandbox, targets, f"http://127.0.0.1:{proxy_port}")
+        assert seen.pop("proxy_body") == "data: 0\n\ndata: 1\n\ndata: 2\n\n"
+        assert seen == {name: "ConnectionRefusedError" for name, _, _ in targets}
+        # The host does see its listeners: only the sandbox is cut off.
+        socket.create_connection(("127.0.0.1", any_listener), timeout=3).close()
+        # Root in the sandbox owns nothing of the namespace: the filter and the routes stay.
+        tamper = await sandbox.exec("nft flush ruleset || ip route del default || ip link set tap0 down")
+        assert tamper.exit_code != 0 and "Operation not permitted" in tamper.stderr
+        assert (await sandbox.exec("cat /etc/resolv.conf")).stdout == "nameserver 10.0.2.3\n"
     finally:
         await sandbox.stop()
+
+
+async def test_stop_ends_the_namespace_processes(local_backend, proxy_port):
+    sandbox = await local_backend.start(spec(proxy_port=proxy_port, network_mode="public"))
+    assert (await sandbox.exec("true")).exit_code == 0
+    namespace = sandbox._public
+    procs = [namespace._holder, namespace._slirp, namespace._socat]
+    assert all(p is not None and p.returncode is None for p in procs)
+    await sandbox.stop()
+    assert all(p.returncode is not None for p in procs)
+    assert not sandbox.folder.exists()
 
 
 async def test_a_phase_without_network_isolates_a_public_sandbox_and_never_widens(
@@ -157,9 +191,10 @@ async def test_a_phase_without_network_isolates_a_public_sandbox_and_never_widen
         seen = await probe(sandbox, targets, url)
         assert seen["listener"] == "ConnectionRefusedError" and seen["proxy_body"].startswith("data: 0")
         await sandbox.apply_network("public", [])  # the verifier's: the task's own network again
-        assert (await probe(sandbox, targets, url))["listener"] == "open"
-        with pytest.raises(UnsupportedEnvironment, match=r"'allowlist' \(pypi.org\).*cannot filter"):
-            await sandbox.apply_network("allowlist", ["pypi.org"])
+        seen = await probe(sandbox, targets, url)
+        assert seen["listener"] == "ConnectionRefusedError" and seen["proxy_body"].startswith("data: 0")
+        await sandbox.apply_network("allowlist", ["198.51.100.7"])  # narrowing further is allowed
+        assert "ip daddr 198.51.100.7 accept" in sandbox_rules(sandbox)
         with pytest.raises(SandboxError, match="wider than the no-network"):
             await closed.apply_network("public", [])
         assert (await probe(closed, targets, url))["listener"] == "ConnectionRefusedError"
@@ -168,41 +203,64 @@ async def test_a_phase_without_network_isolates_a_public_sandbox_and_never_widen
         await closed.stop()
 
 
-async def test_build_steps_run_on_the_host_network_like_docker_build(local_backend, tmp_path, host_listener):
+def sandbox_rules(sandbox) -> str:
+    """The filter of a sandbox's public namespace, as the host sees it."""
+    import subprocess
+
+    argv = [*sandbox._public.enter_argv(), "nft", "list", "ruleset"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+async def test_build_steps_have_internet_but_not_the_host_like_docker_build(
+    local_backend, tmp_path, host_listener
+):
     from .conftest import write_env
 
-    env = write_env(
-        tmp_path / "env",
-        "FROM harbor-rl/sandbox-base:bookworm\n"
-        f"RUN python3 -c \"import socket; socket.create_connection(('127.0.0.1', {host_listener}), timeout=3)\"\n",
-    )
+    # connect_ex: the errno, 111 (ECONNREFUSED) when the filter refuses it, 0 when it got through
+    connect = f"import socket; e = socket.socket().connect_ex(('127.0.0.1', {host_listener})); open('/app/seen', 'w').write(str(e))"
+    env = write_env(tmp_path / "env", f'FROM harbor-rl/sandbox-base:bookworm\nRUN python3 -c "{connect}"\n')
     sandbox = await local_backend.start(spec(environment_dir=env))
     try:
+        assert (await sandbox.download_file("/app/seen")) == b"111"
         seen = await probe(sandbox, [["listener", "127.0.0.1", host_listener]])
-        assert seen["listener"] == "ConnectionRefusedError"  # the agent's execs are cut off again
+        assert seen["listener"] == "ConnectionRefusedError"  # the agent's execs are cut off too
     finally:
         await sandbox.stop()
 
 
-async def test_an_allowlist_is_refused_with_a_hint(local_backend):
-    with pytest.raises(UnsupportedEnvironment, match="cannot filter by host.*--sandbox docker"):
-        await local_backend.start(spec(network_mode="allowlist", allowed_hosts=["pypi.org"]))
+async def test_an_allowlist_reaches_only_its_pinned_addresses(local_backend, proxy_port, any_listener):
+    hosts = ["198.51.100.7", "203.0.113.0/28"]
+    sandbox = await local_backend.start(
+        spec(proxy_port=proxy_port, network_mode="allowlist", allowed_hosts=hosts)
+    )
+    try:
+        assert sandbox.network == "public"
+        targets = [[f"host {a}", a, any_listener] for a in local_network.host_addresses()]
+        seen = await probe(sandbox, targets + [["dns", "10.0.2.3", 53]], f"http://127.0.0.1:{proxy_port}")
+        assert seen.pop("proxy_body").startswith("data: 0")
+        assert set(seen.values()) == {"ConnectionRefusedError"}  # no DNS either: names are pinned
+        rules = sandbox_rules(sandbox)
+        assert "ip daddr { 198.51.100.7, 203.0.113.0/28 } accept" in rules, rules
+    finally:
+        await sandbox.stop()
 
 
-async def test_without_socat_required_isolation_refuses_and_auto_warns(
-    tmp_path, monkeypatch, caplog, proxy_port
-):
-    from sandboxes import SandboxUnavailable, local_network
+async def test_a_mode_that_cannot_be_isolated_is_refused_in_one_line(tmp_path, monkeypatch, proxy_port):
+    from sandboxes import local
 
     monkeypatch.setattr(local_network, "socat_path", lambda: None)
-    with pytest.raises(SandboxUnavailable, match="socat is not installed"):
-        await LocalBackend(root=tmp_path / "a", isolation="bwrap").start(spec(proxy_port=proxy_port))
-    sandbox = await LocalBackend(root=tmp_path / "b", isolation="auto").start(spec(proxy_port=proxy_port))
-    try:
-        assert sandbox.network == "host"
-        assert "share the HOST's network" in caplog.text
-    finally:
-        await sandbox.stop()
+    with pytest.raises(UnsupportedEnvironment, match="network no-network: socat not installed") as caught:
+        await LocalBackend(root=tmp_path / "a", isolation="auto").start(spec(proxy_port=proxy_port))
+    assert "\n" not in str(caught.value) and "--sandbox docker" in str(caught.value)
+    monkeypatch.setattr(local_network, "public_network_problem", lambda: "slirp4netns not installed (...)")
+    with pytest.raises(UnsupportedEnvironment, match="network public: slirp4netns not installed"):
+        await LocalBackend(root=tmp_path / "b", isolation="bwrap").start(spec(network_mode="public"))
+    monkeypatch.setattr(local, "bwrap_problem", lambda: "bwrap (bubblewrap) is not installed")
+    backend = LocalBackend(root=tmp_path / "c", isolation="auto")
+    for mode in ("public", "no-network"):
+        with pytest.raises(UnsupportedEnvironment, match=f"network {mode}: bubblewrap"):
+            await backend.start(spec(network_mode=mode))
+    assert local.network_refusal("public", isolation="none") is None  # no isolation, asked for by name
 
 
 def relays_of(port: int) -> list[str]:
