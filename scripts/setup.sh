@@ -13,7 +13,8 @@ as_postgres() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else 
 
 # 1. System packages.
 need=()
-for pkg in docker.io bubblewrap socat postgresql debootstrap iptables procps chromium chromium-driver; do
+# slirp4netns and nftables: a local sandbox's internet without the host (sandboxes/local_network.py).
+for pkg in docker.io bubblewrap socat slirp4netns nftables postgresql debootstrap iptables procps chromium chromium-driver; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 # npm fetches opencode on the host; machines here ship Node.js with npm (which conflicts with Debian's npm).
