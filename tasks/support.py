@@ -23,13 +23,17 @@ def refusals(task: Task, backend: str) -> list[str]:
     config, env = task.config, task.config.environment
     found: list[str] = []
     if env.docker_image is None and not task.paths.dockerfile.is_file() and task.paths.compose_file is None:
-        found.append("environment/Dockerfile: missing, and [environment] docker_image is not set; no image to run")
+        found.append(
+            "environment/Dockerfile: missing, and [environment] docker_image is not set; no image to run"
+        )
     if env.os == "windows":
         found.append("[environment] os = 'windows': Windows containers are not supported here")
     if env.tpu is not None:
         found.append("[environment] tpu: TPUs are not supported here")
     if env.gpus and backend not in GPU_BACKENDS:
-        found.append(f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker")
+        found.append(
+            f"[environment] gpus = {env.gpus}: the {backend} sandbox has no GPUs; use --sandbox docker"
+        )
     if backend == "local" and _has_entrypoint(task):
         found.append(
             "environment/Dockerfile ENTRYPOINT: the local sandbox does not run an image's ENTRYPOINT "
@@ -45,12 +49,30 @@ def refusals(task: Task, backend: str) -> list[str]:
     ]
     for where, verifier in sections:
         if verifier.mode() == "separate":
-            found.append(f"{where} environment: a separate verifier container is not supported; verify in the agent's sandbox")
+            found.append(
+                f"{where} environment: a separate verifier container is not supported; verify in the agent's sandbox"
+            )
         if verifier.collect:
             found.append(f"{where} collect: collect hooks are not supported")
-    if task.paths.prior_trajectory.is_file() or any((s.root / "trajectory.json").is_file() for s in task.steps):
+    if task.paths.prior_trajectory.is_file() or any(
+        (s.root / "trajectory.json").is_file() for s in task.steps
+    ):
         found.append("trajectory.json: seeding an agent with prior context is not supported")
+    if (network := network_refusal(task, backend)) is not None:
+        found.append(network)
     return found
+
+
+def network_refusal(task: Task, backend: str) -> str | None:
+    """Why `backend` cannot isolate the network the task's sandbox starts on, on this machine (a tool
+    it needs is missing), or None. Never run on the host's network instead: model-written code must
+    not reach the host's services. Phases only narrow the start's mode, so checking it covers them."""
+    if backend != "local":
+        return None  # docker isolates every mode (sandboxes/firewall.py); e2b runs remotely
+    from sandboxes.local import network_refusal as local_refusal
+
+    refusal = local_refusal(sandbox_network(task.config).network_mode)
+    return f"[environment] {refusal}" if refusal else None
 
 
 _JSON_KEY = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_.-]*)["']\s*:""")
@@ -109,15 +131,15 @@ def warnings(task: Task, backend: str, *, agent_network: AgentNetwork = "task") 
     """What runs on `backend`, but not quite as the task declares it."""
     found: list[str] = []
     if task.config.environment.gpu_types:
-        found.append("[environment] gpu_types: Docker cannot choose a GPU type; any GPU is taken (as in Harbor)")
-    network = sandbox_network(task.config, agent_network=agent_network)
-    if backend == "local" and network.network_mode == "public":
         found.append(
-            "network public: a local sandbox shares the host's network (its services are reachable); "
-            "--sandbox docker isolates it"
+            "[environment] gpu_types: Docker cannot choose a GPU type; any GPU is taken (as in Harbor)"
         )
+    network = sandbox_network(task.config, agent_network=agent_network)
     if backend == "local" and network.network_mode == "allowlist":
-        found.append("network allowlist: a local sandbox cannot filter by host, so the task is refused there")
+        found.append(
+            "network allowlist: a local sandbox pins each host to the address it resolves to now (no DNS "
+            "inside), as the docker sandbox does"
+        )
     if backend == "e2b" and network.network_mode == "no-network":
         found.append("network no-network: an E2B sandbox still reaches the capture proxy's public URL only")
     return found

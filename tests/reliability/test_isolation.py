@@ -21,6 +21,7 @@ import openai
 import pytest
 
 from harbor_server.client import HarborSessionFactory
+from sandboxes import local_network
 from tests.reliability._fixtures_input import ADMIN_KEY, MODEL, imitation, live_proxy
 from tests.sandboxes.conftest import BASE_IMAGE, docker_client_or_skip
 from tests.server.conftest import UNUSED_ENGINE, make_config, running_server
@@ -271,8 +272,10 @@ def net_probe_task(root: Path, ports: dict[str, int], *, allow_internet: bool) -
 def test_a_local_sandbox_reaches_the_capture_proxy_and_no_other_host_port(
     allow_internet, imitation, tmp_path, monkeypatch
 ):
-    if shutil.which("bwrap") is None or shutil.which("socat") is None:
-        pytest.skip("the local sandbox's network isolation needs bwrap and socat")
+    if shutil.which("bwrap") is None or local_network.public_network_problem():
+        pytest.skip(
+            f"the local sandbox's network isolation needs bwrap, {local_network.public_network_problem()}"
+        )
     monkeypatch.setenv("HARBOR_RUNS_DIR", str(tmp_path / "runs"))
     listener = socket.create_server(("127.0.0.1", 0))  # any service on the host's loopback
     config = make_config(tmp_path, llm_url=imitation.url + "/v1", sandbox="local")
@@ -292,9 +295,6 @@ def test_a_local_sandbox_reaches_the_capture_proxy_and_no_other_host_port(
     assert result.status == "completed", result.error
     seen = json.loads(result.agent_log_tail.split("NET-", 1)[1].split(" ", 1)[1].splitlines()[0])
     assert seen["capture"] == 401  # the proxy answered, at the address a harness is given
-    if allow_internet:  # the task asked for the network: the host's is shared, as the task says
-        assert {seen["listener"], seen["engine"], seen["server_api"]} == {"open"}
-        assert result.env_reward == 0.0
-    else:
-        assert seen["listener"] == seen["engine"] == seen["server_api"] == "ConnectionRefusedError"
-        assert result.env_reward == 1.0, result.verifier_output  # the verifier is cut off too
+    # With internet or without, the host's own services stay out of reach (internet is not the host).
+    assert seen["listener"] == seen["engine"] == seen["server_api"] == "ConnectionRefusedError"
+    assert result.env_reward == 1.0, result.verifier_output  # the verifier is cut off too
