@@ -7,7 +7,7 @@ several metrics with none chosen as the reward, left out); a task with none of t
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -26,16 +26,23 @@ class TaskChange(BaseModel):
     change: str
 
 
+def outcome_counts(job: Job) -> dict[str, Counter[str]]:
+    """Per `split/task`: how many of its trials ended in each outcome (pass, fail, error, ...)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for trial in job.trials():
+        counts[f"{trial.split}/{trial.task_id}"][trial.outcome] += 1
+    return dict(counts)
+
+
 def pass_rates(job: Job) -> tuple[dict[str, float | None], dict[str, int]]:
     """Per `split/task`: pass rate over passed and failed trials (None if none) and trial count."""
-    outcomes: dict[str, list[str]] = defaultdict(list)
-    for trial in job.trials():
-        outcomes[f"{trial.split}/{trial.task_id}"].append(trial.outcome)
     rates: dict[str, float | None] = {}
-    for task, seen in outcomes.items():
-        judged = [o for o in seen if o in ("pass", "fail")]
-        rates[task] = sum(o == "pass" for o in judged) / len(judged) if judged else None
-    return rates, {task: len(seen) for task, seen in outcomes.items()}
+    totals: dict[str, int] = {}
+    for task, seen in outcome_counts(job).items():
+        judged = seen["pass"] + seen["fail"]
+        rates[task] = seen["pass"] / judged if judged else None
+        totals[task] = seen.total()
+    return rates, totals
 
 
 def _label(before: float | None, after: float | None, in_before: bool, in_after: bool) -> str | None:

@@ -78,7 +78,10 @@ def eval_command(
         help="Trace store URL (default: <job folder>/traces.db; open it with harbor inspect --store).",
     ),
     compare: tuple[Path, Path] | None = typer.Option(
-        None, "--compare", help="Print the tasks whose outcome changed between two job folders, then exit."
+        None,
+        "--compare",
+        help="Print the tasks whose outcome changed between two job folders, draw both jobs' pass rate per "
+        "task into JOB2/compare-JOB1.png, then exit.",
     ),
 ) -> None:
     """Run every task k times through a harness against any OpenAI-compatible endpoint; write a jobs folder.
@@ -158,6 +161,25 @@ def _compare(first: Path, second: Path) -> None:
         Console(stderr=True).print(f"[bold red]harbor eval --compare:[/] {exc}")
         raise typer.Exit(1) from None
     Console().print(comparison_table(first, second, changes))
+    png = _compare_plot(first, second, changes)
+    if png is not None:
+        Console().print(f"plot: {png}")
+
+
+def _compare_plot(first: Path, second: Path, changes) -> Path | None:
+    """Both jobs' pass rate per task, drawn into the second job's folder as compare-<first>.png."""
+    from evaluation.compare import outcome_counts
+    from evaluation.jobs import Job
+    from harbor_rl.reward_plot import TaskRate, compare_png
+
+    def rates(folder: Path) -> dict[str, TaskRate]:
+        counts = outcome_counts(Job.open(folder))
+        return {task: TaskRate(c["pass"], c["pass"] + c["fail"]) for task, c in counts.items()}
+
+    path = second / f"compare-{first.resolve().name}.png"
+    return compare_png(
+        first.name, second.name, rates(first), rates(second), {c.task: c.change for c in changes}, path
+    )
 
 
 def register(app: typer.Typer) -> None:

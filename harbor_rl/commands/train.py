@@ -286,12 +286,14 @@ def _report(console, evaluations: dict[str, Any], history, output_dir: str, seco
         console.print(f"  (s.e. {basis})")
     rewards = [h.get("reward") for h in history]
     console.print("reward per step: " + " ".join("-" if r is None else f"{r:.2f}" for r in rewards))
-    from harbor_rl.reward_plot import reward_curve_png
+    from harbor_rl.reward_plot import Level, reward_curve_png
 
     levels = {
-        EVAL_NAMES.get(name, name): result.mean for name, result in evaluations.items() if name != "base"
+        EVAL_NAMES.get(name, name): Level(result.mean, result.stderr, len(result.rewards))
+        for name, result in evaluations.items()
     }
-    png = reward_curve_png(history, Path(output_dir) / "reward_curve.png", levels=levels)
+    title = f"harbor train: reward per GRPO step ({Path(output_dir).name})"
+    png = reward_curve_png(history, Path(output_dir) / "reward_curve.png", levels=levels, title=title)
     console.print(f"metrics: {Path(output_dir) / 'metrics.jsonl'}; checkpoints in {output_dir}")
     if png is not None:
         console.print(f"reward curve: {png}")

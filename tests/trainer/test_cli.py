@@ -41,21 +41,56 @@ def test_the_gain_pairs_episodes_that_share_their_task_and_seed() -> None:
 
 
 def test_reward_curve_png(tmp_path) -> None:
+    """matplotlib's curve: labelled axes, each step and its rolling mean, every evaluation (the base
+    model's too) as a line in its standard-error band with a legend that reads, README-sized."""
     from PIL import Image
 
-    from harbor_rl.reward_plot import reward_curve_png
+    from harbor_rl.reward_plot import Level, reward_curve_figure, reward_curve_png
 
-    path = reward_curve_png(
-        [{"step": 1, "reward": 0.1}, {"step": 2}, {"step": 3, "reward": 0.4}], tmp_path / "c.png"
-    )
-    assert Image.open(path).size == (640, 360)
-    # Evaluation levels widen the range to stay in the picture; NaN (nothing scored) is left out.
-    levels = {"after SFT": 0.9, "after GRPO": float("nan")}
-    with_levels = reward_curve_png([{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.4}], tmp_path / "l.png",
-                                   levels=levels)  # fmt: skip
-    red = (214, 39, 40)
-    assert red in {colour for _, colour in Image.open(with_levels).convert("RGB").getcolors(1 << 16)}
+    history = [{"step": s, "reward": 0.1 + 0.01 * s} for s in range(1, 41)]
+    history[4] = {"step": 5}  # a step with no scoreable rollout is left out, not drawn as 0
+    levels = {
+        "base model": Level(0.001, 0.0005, 32),
+        "after SFT": Level(0.26, 0.033, 128),
+        "after GRPO": Level(0.528, 0.043, 128),
+        "nothing scored": Level(float("nan")),
+    }
+    fig = reward_curve_figure(history, levels=levels, title="harbor train: reward per GRPO step")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "GRPO step" and ax.get_ylabel().startswith("reward")
+    assert ax.get_title() == "harbor train: reward per GRPO step"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == [
+        "reward of each step",
+        "rolling mean over 5 steps",
+        "eval base model: 0.001 ± 0.001 (n=32)",
+        "eval after SFT: 0.260 ± 0.033 (n=128)",
+        "eval after GRPO: 0.528 ± 0.043 (n=128)",
+    ]
+    steps, rewards = ax.lines[0].get_data()
+    assert len(steps) == 39 and 5 not in list(steps)
+    assert list(ax.lines[1].get_ydata())[-1] == pytest.approx(sum(0.1 + 0.01 * s for s in range(36, 41)) / 5)
+    bands = [(round(p.get_y(), 4), round(p.get_y() + p.get_height(), 4)) for p in ax.patches]
+    assert bands == [(0.0005, 0.0015), (0.227, 0.293), (0.485, 0.571)]  # mean ± 1 s.e.
+
+    path = reward_curve_png(history, tmp_path / "c.png", levels=levels)
+    assert Image.open(path).size == (1200, 675)  # 8 x 4.5 in at 150 dpi
     assert reward_curve_png([{"step": 1}], tmp_path / "none.png") is None
+
+
+def test_compare_png_draws_both_jobs_per_task(tmp_path) -> None:
+    from PIL import Image
+
+    from harbor_rl.reward_plot import TaskRate, compare_png
+
+    before = {"a/fixed": TaskRate(1, 4), "a/same": TaskRate(4, 4), "a/errors": TaskRate(0, 0)}
+    after = {"a/fixed": TaskRate(4, 4), "a/same": TaskRate(4, 4), "a/new": TaskRate(1, 2)}
+    changes = {"a/fixed": "fixed", "a/new": "appeared", "a/errors": "vanished"}
+    path = compare_png("job-1", "job-2", before, after, changes, tmp_path / "cmp.png")
+    image = Image.open(path)
+    assert image.size[0] == 1200 and image.size[1] >= 450
+    assert TaskRate(1, 4).stderr == pytest.approx((0.25 * 0.75 / 4) ** 0.5) and TaskRate(0, 0).rate is None
+    assert compare_png("a", "b", {"x": TaskRate(0, 0)}, {}, {}, tmp_path / "none.png") is None
 
 
 def test_bad_settings_are_named(tmp_path) -> None:
