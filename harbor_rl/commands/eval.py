@@ -163,7 +163,7 @@ def _compare(first: Path, second: Path) -> None:
     Console().print(comparison_table(first, second, changes))
     png = _compare_plot(first, second, changes)
     if png is not None:
-        Console().print(f"plot: {png}")
+        Console().print(f"plot: {png}", soft_wrap=True)  # a path to copy, whole
 
 
 def _compare_plot(first: Path, second: Path, changes) -> Path | None:

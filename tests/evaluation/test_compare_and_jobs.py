@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from PIL import Image
 from typer.testing import CliRunner
 
 from evaluation.compare import compare_jobs
@@ -59,6 +60,10 @@ def test_compare_lists_only_tasks_whose_outcome_changed(tmp_path):
     assert result.exit_code == 0, result.output
     assert "5 task(s) changed" in result.output and "builtin/broke" in result.output
     assert "builtin/same" not in result.output
+    # And the picture of it, in the second job's folder: README-wide, a row per task.
+    plot = tmp_path / "after" / "compare-before.png"
+    assert f"plot: {plot}" in result.output
+    assert Image.open(plot).size[0] == 1200
 
 
 def test_compare_of_a_folder_that_is_no_job_is_an_error(tmp_path):
