@@ -35,14 +35,15 @@ from tests.reliability.conftest import MODEL, REPO, wait_for
 pytestmark = pytest.mark.timeout(240)
 
 N_LIVE = 3
-CALLS = 60
-"""Model calls per rollout: at 0.25 s each, in flight through all three second servers' starts."""
+CALLS = 100
+"""Model calls per rollout: at 0.5 s each, in flight through all three second servers' starts (the
+engine is then made fast, so they finish in seconds)."""
 
 
 @pytest.fixture
 def engine_url() -> Iterator[str]:
-    # 0.25 s a call: a rollout of CALLS calls is in flight for over 15 s.
-    with serve_in_thread(create_imitation_app(ImitationSettings(model=MODEL, latency_s=0.25))) as url:
+    # 0.5 s a call (the first test makes it fast once its checks are done).
+    with serve_in_thread(create_imitation_app(ImitationSettings(model=MODEL, latency_s=0.5))) as url:
         yield url + "/v1"
 
 
@@ -131,8 +132,11 @@ def test_a_second_server_on_a_busy_port_or_a_live_id_exits_2_and_the_first_ones_
                     engine_url, db, free_port(), free_port(), "--server-id", f"{socket.gethostname()}:{port}"
                 ),
             }
+            said = {}
             for flag, args in cases.items():
                 code, lines, took = refused(args, env)
+                said[flag] = lines[0]
+                print(f"{flag}: refused in {took:.1f} s: {lines[0]}")
                 assert code == 2, (flag, lines)
                 assert len(lines) == 1, (flag, lines)  # one line: no traceback, no summary
                 assert lines[0].startswith("harbor serve cannot start: ") and lines[0].endswith(
@@ -140,12 +144,16 @@ def test_a_second_server_on_a_busy_port_or_a_live_id_exits_2_and_the_first_ones_
                 ), lines
                 assert took < 30, (flag, took)
                 assert all(store.get_session(s.rollout_id).status == "running" for s in sessions), flag
-            assert f"port {port} on 127.0.0.1 is in use" in refused(cases["--port"], env)[1][0]
-            _, lines, _ = refused(cases["--server-id"], env)
-            assert f"is in use by a live server (pid {held.pid} on {held.host}, heartbeat" in lines[0]
+            assert f"trainer API port {port} on 127.0.0.1 is in use" in said["--port"]
+            assert f"capture port {capture_port} on 127.0.0.1 is in use" in said["--capture-port"]
+            assert (
+                f"is in use by a live server (pid {held.pid} on {held.host}, heartbeat" in said["--server-id"]
+            )
             assert store.server_locks.get(held.server_id) == held or (
                 store.server_locks.get(held.server_id).token == held.token  # only its heartbeat moved
             )
+            engine = engine_url.removesuffix("/v1")
+            httpx.post(f"{engine}/imitation/settings", json={"latency_s": 0}, timeout=10).raise_for_status()
             results = [s.wait_for_completion(timeout_s=120) for s in sessions]
         finally:
             store.close()
