@@ -40,6 +40,7 @@ from evaluation.models import (
 from evaluation.rollouts import LocalHarbor, RolloutOutcome, check_choices, engine_for, token_counts
 from evaluation.trial_folder import write_trial_outputs
 from harbor_server import RolloutRequest
+from harbor_server.server import refuse_unisolated
 from tasks import Dataset, Task
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,7 @@ async def run_eval(
     )
     print_refused(console, datasets, config.task_globs)
     selected = select_tasks(datasets, config.task_globs)
+    refuse_unisolated(((s, datasets[s].get(t)) for s, t in selected), config.sandbox)
     trials = plan_trials(selected, config.attempts)
     planned = [TaskConfig(path=str(datasets[s].get(t).paths.root), source=s) for s, t in selected]
     job = Job.create_or_resume(

@@ -109,9 +109,12 @@ class HarborGroup(TyperGroup):
             command = " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
             console = _stderr()
             # The message is text, not markup: `pip install 'harbor-rl[gpu]'` keeps its brackets.
-            console.print(f"[bold red]{command}:[/] {escape(message)}", highlight=False, markup=True)
+            # A refusal naming the flag that avoids it (harbor_server.errors.StartRefused) is a usage error.
+            flag = getattr(exc, "flag", None)
+            hint = f"; pass {flag} to choose another" if flag else ""
+            console.print(f"[bold red]{command}:[/] {escape(message)}{hint}", highlight=False, markup=True)
             console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
-            raise typer.Exit(1) from None
+            raise typer.Exit(2 if flag else 1) from None
 
 
 INTERRUPTIBLE = ("train", "eval", "collect", "serve")

@@ -323,6 +323,9 @@ def rollout_source(
     with contextlib.ExitStack() as stack:
         llm_url, server_url, split = run.llm_url, run.server_url, run.split
         if server_url is None:
+            from harbor_server.server import refuse_unisolated_specs
+
+            refuse_unisolated_specs(EMBEDDED_DATASETS, run.sandbox)  # one line, before anything starts
             on_phase(
                 f"starting the embedded engine ({model_path.name}) and server (logs: {output_dir}/engine.log, "
                 "server.log)"

@@ -100,5 +100,10 @@ class ServerIdInUse(StartRefused):
     """Another live server holds this server id on the store (its lock's heartbeat is fresh)."""
 
 
+class NetworkNotIsolated(StartRefused):
+    """A task of the datasets needs a network mode the default sandbox cannot isolate on this machine
+    (sandboxes.local.network_refusal): refused at start-up, never run on the host's network."""
+
+
 class ServerLockLost(HarborServerError):
     """This server's lock on its id was taken over (it missed heartbeats for long enough to look dead)."""

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import uvicorn
 
@@ -28,7 +28,7 @@ from capture_proxy.service import CaptureService
 from capture_proxy.store import TraceStore, default_store_url
 from harbor_server.config import ServeConfig
 from harbor_server.engine_check import probe_engine
-from harbor_server.errors import EngineCheckFailed, HarborServerError, ServerLockLost
+from harbor_server.errors import EngineCheckFailed, HarborServerError, NetworkNotIsolated, ServerLockLost
 from harbor_server.limits import ensure_open_file_limit
 from harbor_server.listeners import bind_listener, close_all
 from harbor_server.models import DatasetInfo, EngineStatus, SandboxInfo, ServerInfo, TaskInfo
@@ -38,7 +38,7 @@ from harbor_server.tunnels import TUNNELS, Tunnel, check_available, open_tunnel
 from harnesses import get_harness, harness_names
 from sandboxes import BACKENDS
 from tasks import Dataset, Task, load_dataset_spec
-from tasks.support import static_reward_keys
+from tasks.support import network_refusal, static_reward_keys
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,32 @@ def load_datasets(specs: list[str], *, strict: bool = False) -> dict[str, Datase
             )
         datasets[dataset.split] = dataset
     return datasets
+
+
+def refuse_unisolated(tasks: Iterable[tuple[str, Task]], sandbox: str) -> None:
+    """NetworkNotIsolated when a task (split, task) needs a network the default sandbox cannot isolate
+    here: said once at start-up (before anything is swept, locked or written), not by every rollout."""
+    refused = [
+        (f"{split}/{task.id}", why)
+        for split, task in tasks
+        if (why := network_refusal(task, sandbox)) is not None
+    ]  # the CLI's hint (pass --sandbox) replaces the refusal's own
+    if refused:
+        more = f" (and {len(refused) - 1} more tasks)" if len(refused) > 1 else ""
+        why = refused[0][1].removesuffix("; use --sandbox docker")
+        raise NetworkNotIsolated(f"task {refused[0][0]}: {why}{more}", flag="--sandbox")
+
+
+def refuse_unisolated_specs(specs: list[str], sandbox: str) -> None:
+    """`refuse_unisolated` for the `--dataset` specs a server process will load (harbor train's embedded
+    one), so the refusal is its caller's one line rather than a server log's tail. Loads nothing where
+    the machine isolates every network mode."""
+    from sandboxes.local import network_refusal as local_refusal
+
+    if sandbox != "local" or local_refusal("public") is None:  # public needs all that the others need
+        return
+    datasets = load_datasets(specs)
+    refuse_unisolated(((split, task) for split, data in datasets.items() for task in data), sandbox)
 
 
 class HarborServer:
@@ -167,6 +193,10 @@ class HarborServer:
                 self._datasets = await asyncio.to_thread(
                     load_datasets, self.config.datasets, strict=self.config.strict
                 )
+            refuse_unisolated(
+                ((split, task) for split, data in self._datasets.items() for task in data),
+                self.config.sandbox,
+            )
             self.store = await asyncio.to_thread(TraceStore, self.store_url)
             self.lock = await asyncio.to_thread(
                 ServerIdLock.acquire,

@@ -112,3 +112,46 @@ def test_the_host_probe_is_blocked_in_every_network_mode(sandbox, listener, tmp_
     for tries in seen:
         assert {"loopback", *(f"host {a}" for a in local_network.host_addresses())} <= set(tries)
         assert "open" not in tries.values(), tries
+
+
+def free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def path_without(tmp_path: Path, tool: str) -> str:
+    """A PATH like this machine's, without `tool` (a folder of links to everything else on it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        if not Path(folder).is_dir():
+            continue
+        for entry in Path(folder).iterdir():
+            link = bin_dir / entry.name
+            if entry.name != tool and not link.exists() and not link.is_symlink():
+                link.symlink_to(entry)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("command", ["serve", "eval"])
+def test_a_machine_without_slirp4netns_refuses_public_local_tasks_in_one_line(command, tmp_path):
+    dataset = probe_dataset(tmp_path / "tasks", 9)
+    (dataset / "host-probe-no-network").rename(tmp_path / "runnable")  # it stays runnable (socat is there)
+    env_path = path_without(tmp_path, "slirp4netns")
+    args = {
+        "serve": ["serve", "--dataset", str(dataset), "--sandbox", "local", "--llm-url", "http://127.0.0.1:9/v1",
+                  "--model", "m", "--port", free_port(), "--capture-port", free_port(), "--store", f"sqlite:///{tmp_path}/s.db"],
+        "eval": ["eval", "--dataset", str(dataset), "--harness", "oracle", "--sandbox", "local",
+                 "--output-dir", str(tmp_path / "jobs")],
+    }[command]  # fmt: skip
+    env = {**os.environ, "PATH": env_path, "HARBOR_RUNS_DIR": str(tmp_path / "runs"), "COLUMNS": "300"}
+    done = subprocess.run(
+        [sys.executable, "-m", "harbor_rl", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    refusal = [line for line in lines if "slirp4netns not installed" in line]
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(refusal) == 1 and ("network public" in refusal[0] or "network allowlist" in refusal[0]), lines
+    assert "--sandbox" in refusal[0] and "Traceback" not in done.stderr
+    assert not list((tmp_path / "runs").rglob("owner.json")), "no sandbox was started"
