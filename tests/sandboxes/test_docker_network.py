@@ -202,3 +202,24 @@ def test_base_chain_is_the_documented_layout():
     assert listed == [f"-A {firewall.CHAIN_BASE} {' '.join(rule)}" for rule in wanted]
     assert any("--dport 53" in line for line in listed), "the host's resolvers stay reachable"
     assert any("169.254.0.0/16" in line for line in listed)
+
+
+@pytest.mark.parametrize("mode", ["public", "no-network", "allowlist"])
+async def test_a_listener_on_the_sandbox_bridge_gateway_is_refused_but_the_capture_port_answers(
+    docker_backend, mode
+):
+    """A host service bound to the very address the sandbox's bridge has on the host (its gateway), and
+    one on 0.0.0.0: neither answers, in any mode; the capture proxy at the same gateway does."""
+    hosts = ["198.51.100.7"] if mode == "allowlist" else []  # TEST-NET-2: nothing is ever sent there
+    async with tcp_server("proxy") as proxy_port, tcp_server("anywhere") as any_port:
+        sandbox = await docker_backend.start(
+            spec(network_mode=mode, allowed_hosts=hosts, proxy_port=proxy_port)
+        )
+        try:
+            gateway = sandbox.proxy_host
+            async with tcp_server("gateway", host=gateway) as gateway_port:
+                assert await connect_from(sandbox, gateway, proxy_port) == "hello-proxy"
+                assert await connect_from(sandbox, gateway, gateway_port) is None
+                assert await connect_from(sandbox, gateway, any_port) is None
+        finally:
+            await sandbox.stop()
