@@ -1,4 +1,5 @@
-"""The local sandbox's network: its own namespace, in which only the capture proxy is reachable.
+"""The local sandbox's network: the capture proxy always, the internet when the task allows it, the
+host never.
 
 bubblewrap's `--unshare-net` gives each exec a network namespace holding nothing but a loopback
 interface, so model-written commands reach no port of the host (the engine's weight routes, the trainer
@@ -32,14 +33,17 @@ namespace, the "internet" a python http.server behind a veth; `bench`-style shel
 
     tool                     ready    download  host 127.0.0.1  gateway->host lo  host's LAN IP
     slirp4netns 1.2.0        13 ms    588 MB/s  refused         refused           OPEN without the filter
-    pasta (passt 2023-03-09) 82 ms    183 MB/s  refused         refused (-T none  own address (copied),
-                                                                 --no-map-gw)      other host IPs open
+    pasta (passt 2023-03-09) 82 ms    183 MB/s  refused         refused (-T none  its own (pasta copies
+                                                                 --no-map-gw)      it); other host IPs
+                                                                                   unfiltered (connect())
     (the host's own namespace, for scale: 1022 MB/s)
 
 Bookworm's pasta also refuses to run as root without `--runas`, and spun a core at 100% when it could
 not map users; slirp4netns starts 6x faster and moves 3x the bytes. Neither filters by destination
-beyond the host's loopback, hence the nft filter. A namespace costs ~40 ms once per sandbox (holder,
-slirp4netns, nft, socat); joining it adds ~2 ms to an exec (`nsenter`).
+beyond the host's loopback, hence the nft filter. Measured through `LocalSandbox` (5 sandboxes x 10
+execs of `true`, 2 busy cores): making the namespace (holder, slirp4netns, nft, socat) takes 70-110 ms
+once per sandbox, at its first exec that needs it; an exec in it takes 31 ms (median), against 70-84 ms
+for a no-network exec, which starts a socat and a namespace of its own each time.
 """
 
 from __future__ import annotations
