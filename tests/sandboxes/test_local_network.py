@@ -320,3 +320,20 @@ async def test_stopping_the_forwarder_mid_relay_logs_no_traceback(caplog):
         await forwarder.stop()
         idle.close()
     assert not [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]
+
+
+async def test_public_resolves_names_through_slirp_and_fetches_the_package_index(local_backend):
+    """DNS goes through slirp4netns's forwarder (10.0.2.3, the one private address let through) to the
+    host's resolvers; the index is the one pip uses, as in test_docker_network.py."""
+    from .test_docker_network import index_url
+
+    sandbox = await local_backend.start(spec(network_mode="public"))
+    try:
+        fetch = (
+            "curl -sS -o /dev/null -w '%{http_code}' --max-time 20 "
+            f"--cacert /etc/ssl/certs/ca-certificates.crt {index_url()}"
+        )
+        result = await sandbox.exec(fetch, timeout_s=40)
+        assert result.stdout == "200", result.stderr
+    finally:
+        await sandbox.stop()
