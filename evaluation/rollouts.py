@@ -114,6 +114,9 @@ class LocalHarbor:
             server_id=server_id,
         )
         self.server = HarborServer(config, datasets=datasets)
+        # A Ctrl-C is the run's (harbor_rl.interrupts cancels it, and __aexit__ stops this server); were
+        # the server to take it, the run would go on with its HTTP ports shut.
+        self.server.handle_signals = False
         self._http: asyncio.Task | None = None
 
     async def __aenter__(self) -> LocalHarbor:

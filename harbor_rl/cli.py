@@ -128,6 +128,7 @@ def _interrupted(ctx: click.Context) -> None:
 
     command = " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
     _stderr().print(f"[bold yellow]{escape(command)}:[/] {escape(interrupts.message())}", highlight=False)
+    interrupts.finish(interrupts.exit_code())
     raise typer.Exit(interrupts.exit_code())
 
 

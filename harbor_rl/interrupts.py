@@ -62,6 +62,10 @@ class _State:
     tasks: set[tuple[asyncio.AbstractEventLoop, asyncio.Task, int]] = dataclasses.field(default_factory=set)
     """(loop, main task, thread id) of each `run()` under way."""
     notes: list[str] = dataclasses.field(default_factory=list)
+    pid: int = dataclasses.field(default_factory=os.getpid)
+    """The process that installed the handlers (a forked child inherits them until it execs)."""
+    unjoined: list[threading.Thread] = dataclasses.field(default_factory=list)
+    """Daemon threads an interrupt does not wait for (`leave_behind`)."""
 
 
 _state = _State()
@@ -73,6 +77,7 @@ def install(command: str) -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     _state.command = command
+    _state.pid = os.getpid()
     for sig in SIGNALS:
         signal.signal(sig, _on_signal)
 
@@ -125,6 +130,26 @@ def resume_command() -> str:
     return shlex.join(["harbor", *args, *([] if "--resume" in args else ["--resume"])])
 
 
+def leave_behind(thread: threading.Thread) -> None:
+    """A daemon thread that an interrupted command does not wait for (the SFT warm-up: a step runs for
+    seconds in torch). If it still runs when the command ends, `finish()` leaves without the interpreter's
+    shutdown, which would abort on it ("terminate called without an active exception")."""
+    _state.unjoined.append(thread)
+
+
+def finish(code: int) -> None:
+    """After the interrupted line: leave at once when a `leave_behind` thread still runs (everything of
+    the run's own is closed by now), else return and let the command exit as usual."""
+    if any(thread.is_alive() for thread in _state.unjoined):
+        import logging
+
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
 def register_child(pid: int, what: str) -> None:
     """A child started in its own process group (start_new_session) that a second signal kills."""
     _state.children[pid] = what
@@ -143,6 +168,8 @@ def mark(signum: int) -> None:
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
+    if os.getpid() != _state.pid:
+        return  # a child between fork and exec (the terminal signals the whole group): its exec decides
     _state.count += 1
     if _state.count > 1:
         kill_now()

@@ -29,7 +29,8 @@ import os
 import statistics
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -303,6 +304,25 @@ def evaluate(
     return EvalResult(rewards)
 
 
+def in_background(fn: Callable[..., Any], *args: Any) -> Future:
+    """`fn(*args)` on a daemon thread; its outcome in the Future. A Ctrl-C does not wait for it: an SFT
+    step runs for seconds between the checks of `interrupts.interrupted()`, and the run's one line and
+    exit must come within a few (a pool's thread is joined at exit; this one is left, `interrupts.finish`)."""
+    future: Future = Future()
+
+    def work() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the Future
+                future.set_exception(exc)
+
+    thread = threading.Thread(target=work, name=fn.__name__, daemon=True)
+    interrupts.leave_behind(thread)
+    thread.start()
+    return future
+
+
 def launched_ranks() -> int:
     """How many processes `accelerate launch` or torchrun started for this run (1 when neither did)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -446,6 +466,7 @@ def run_training(
     evaluation also goes to `on_eval(name, result)` with name `base`, `sft`, `before` or `after`."""
     from engine.tiny_model import resolve_model_path
     from trainer import HarnessAsyncGRPOTrainer, load_policy
+    from trainer.checkpoints import checkpoints
 
     if run.server_url is None and launched_ranks() > 1:
         raise TrainerConfigError(
@@ -484,8 +505,9 @@ def run_training(
             # The warm-up needs neither the engine nor the server: it runs while they start and the base
             # model is evaluated.
             on_phase(f"SFT warm-up: {run.demo_episodes} scripted demonstrations, {run.sft_steps} steps")
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm-up"))
-            warming = pool.submit(warm_up, run, model_path, output_dir, config.seed, on_progress)
+            warming = in_background(warm_up, run, model_path, output_dir, config.seed, on_progress)
+            # Any other way out waits for it, as a pool would: a thread left in torch aborts the exit.
+            stack.callback(lambda: interrupts.interrupted() or futures_wait([warming]))
         # One engine and one server for the whole run: the warm-up's weights reach the engine as every
         # GRPO step's do, over the weight-transfer routes, rather than by starting another engine.
         factory, rows, config = stack.enter_context(
@@ -513,5 +535,8 @@ def run_training(
         finally:
             trainer.processes.close()
         if run.eval_episodes and main:
-            after = evaluation("after", factory, rows, config)
+            try:
+                after = evaluation("after", factory, rows, config)
+            except KeyboardInterrupt as exc:  # training is done and saved: --resume evaluates again
+                raise interrupts.Interrupted(trainer.step, checkpoints(config.output_dir)[-1]) from exc
     return before, after, history

@@ -250,6 +250,9 @@ def register(app: typer.Typer) -> None:
             else:
                 interrupts.note("no GRPO step had finished, so no checkpoint was written")
             raise
+        except KeyboardInterrupt:  # before GRPO: the warm-up, the first evaluations
+            interrupts.note("GRPO had not started, so there is nothing to resume")
+            raise
         _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 
     return None

@@ -22,7 +22,9 @@ from trainer.grpo import HarnessAsyncGRPOTrainer
 
 # Half the vocabulary is a target: a group's four rollouts all but always differ, so every step updates
 # the weights and the optimizer's state (a group without spread trains nothing).
-TASKS = [{"task_id": f"t{i}", "prompt_ids": [20 + i, 31, 42], "targets": list(range(0, 3072))} for i in range(5)]
+TASKS = [
+    {"task_id": f"t{i}", "prompt_ids": [20 + i, 31, 42], "targets": list(range(0, 3072))} for i in range(5)
+]
 
 
 def trainer_for(engine_url: str, tiny_dir, out, max_steps: int, on_step=None) -> HarnessAsyncGRPOTrainer:
