@@ -282,43 +282,33 @@ def test_training_refuses_at_start_up_a_dataset_whose_tasks_never_report_its_rew
             assert len(list(evaluate.prompt_rows())) == 1
 
 
-PROBE = """import socket, sys
-try:
-    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3).close()
-    print("reached")
-except OSError:
-    print("blocked")
+# Whether the phase has the internet: a default route (a public local sandbox's slirp4netns), or only
+# loopback (the capture port). The host's own listeners are out of reach either way (test_host_probe.py).
+PROBE = """from pathlib import Path
+routes = Path("/proc/net/route").read_text().splitlines()[1:]
+print("reached" if any(line.split()[1] == "00000000" for line in routes) else "blocked")
 """
 
 
 @pytest.mark.parametrize(("purpose", "expected"), [("train", "blocked"), ("eval", "reached")])
 def test_training_denies_the_agent_phase_the_network_the_task_declares(tmp_path, tasks, purpose, expected):
-    """A public task: its agent reaches a host listener in an evaluation (as Harbor gives it), and not in
-    training (the agent phase gets only the capture port), while its verifier keeps the network."""
-    import socket
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port = listener.getsockname()[1]
+    """A public task: its agent has the internet in an evaluation (as Harbor gives it), and not in training
+    (the agent phase gets only the capture port), while its verifier keeps the network."""
     check = f'[ "$(cat /app/agent-saw)" = {expected} ] && [ "$(cat /app/verifier-saw)" = reached ]'
     write_task(tasks, "net", {
         "task.toml": '[task]\nname = "test/net"\n[environment]\nnetwork_mode = "public"\n',
         "solution/probe.py": PROBE,
-        "solution/solve.sh": f"#!/bin/bash\npython3 /solution/probe.py {port} > /app/agent-saw\n",
+        "solution/solve.sh": "#!/bin/bash\npython3 /solution/probe.py > /app/agent-saw\n",
         "tests/probe.py": PROBE,
-        "tests/test.sh": f"#!/bin/bash\npython3 /tests/probe.py {port} > /app/verifier-saw\n"
+        "tests/test.sh": f"#!/bin/bash\npython3 /tests/probe.py > /app/verifier-saw\n"
         f"{check} && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n",
     })  # fmt: skip
     config = make_config(tmp_path, datasets=[str(tasks)])
-    try:
-        with running_server(config) as server, HarborSessionFactory(
-            server.url, split="tasks", harness="oracle", sandbox="local", llm_url=UNUSED_ENGINE, model="tiny",
-            purpose=purpose,
-        ) as factory:  # fmt: skip
-            session = factory.create("net", seed=0, episode_id=purpose)
-            result = session.wait_for_completion()
-            session.close()
-    finally:
-        listener.close()
+    with running_server(config) as server, HarborSessionFactory(
+        server.url, split="tasks", harness="oracle", sandbox="local", llm_url=UNUSED_ENGINE, model="tiny",
+        purpose=purpose,
+    ) as factory:  # fmt: skip
+        session = factory.create("net", seed=0, episode_id=purpose)
+        result = session.wait_for_completion()
+        session.close()
     assert result.env_reward == 1.0, result
