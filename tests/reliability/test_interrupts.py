@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,9 @@ import pytest
 
 from capture_proxy.store import TraceStore
 from harbor_server.embedded import free_port
+from sandboxes.docker_sandbox import OWNER_LABEL
 from tests.reliability.conftest import wait_for
+from tests.sandboxes.conftest import docker_client_or_skip
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -161,14 +164,22 @@ def test_ctrl_c_during_the_warm_up_stops_the_engine_the_server_and_the_warm_up(t
     run.assert_ended_cleanly(run.ctrl_c(), "GRPO had not started")
 
 
-def test_ctrl_c_on_eval_cancels_live_trials_and_keeps_finished_ones(tmp_path) -> None:
+@pytest.mark.parametrize("sandbox", ["local", "docker"])
+def test_ctrl_c_on_eval_cancels_live_trials_and_keeps_finished_ones(tmp_path, sandbox) -> None:
+    if sandbox == "docker":
+        client = docker_client_or_skip()
     jobs = tmp_path / "jobs"
     args = ["eval", "--harness", "oracle", "--dataset", "builtin", "--task", "fix-*", "-k", "4",
-            "--max-concurrent", "2", "--output-dir", str(jobs), "--job-name", "cut"]  # fmt: skip
+            "--max-concurrent", "2", "--sandbox", sandbox, "--output-dir", str(jobs), "--job-name", "cut"]  # fmt: skip
     run = Command(tmp_path, *args)
     wait_for(
-        lambda: run.running() and any((jobs / "cut").glob("*/result.json")), timeout_s=120, what="a trial"
+        lambda: run.running() and any((jobs / "cut").glob("*/result.json")), timeout_s=180, what="a trial"
     )
+    owner = f"{OWNER_LABEL}={run.proc.pid}@{socket.gethostname()}"
+    if sandbox == "docker":  # interrupted with a live trial's container running
+        wait_for(
+            lambda: client.containers.list(filters={"label": owner}), timeout_s=60, what="a live container"
+        )
     output = run.assert_ended_cleanly(run.ctrl_c(), "finished trials are kept; continue with: harbor eval")
     assert output.rstrip().endswith("--job-name cut --resume"), output[-500:]
     store = TraceStore(f"sqlite:///{jobs / 'cut' / 'traces.db'}")
@@ -176,6 +187,8 @@ def test_ctrl_c_on_eval_cancels_live_trials_and_keeps_finished_ones(tmp_path) ->
         assert store.list_sessions(status="running", limit=100) == []
     finally:
         store.close()
+    if sandbox == "docker":  # the live trials' containers went with them
+        assert client.containers.list(all=True, filters={"label": owner}) == []
 
 
 def test_ctrl_c_on_collect(tmp_path) -> None:
