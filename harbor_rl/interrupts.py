@@ -220,7 +220,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         entry = (asyncio.get_running_loop(), asyncio.current_task(), threading.get_ident())
         _state.tasks.add(entry)
         try:
-            if interrupted():  # the signal came before this loop started
+            if interrupted():  # the signal came as this loop started
+                coro.close()
                 raise asyncio.CancelledError
             return await coro
         finally:

@@ -154,6 +154,8 @@ class HarnessAsyncGRPOTrainer:
         self._in_update = False
         """Inside an update's bookkeeping: a KeyboardInterrupt that lands here (no guard held it) leaves
         weights and step count out of step, so no checkpoint is written for it."""
+        self._saved: tuple[int, Path] | None = None
+        """The step this trainer last saved or resumed from, and its folder."""
         self.interrupted_checkpoint: Path | None = None
         """Where `train()` saved the last finished step when a KeyboardInterrupt stopped it."""
         self.consumed_positions: list[int] = []
@@ -526,10 +528,12 @@ class HarnessAsyncGRPOTrainer:
             "schedule": schedule if schedule is not None else self.schedule.state_dict(),
             "config": self.args.model_dump(),
         }
-        return self.processes.on_main(lambda: save_checkpoint(
+        path = self.processes.on_main(lambda: save_checkpoint(
             self.args.output_dir, self.step, model, optimizer, state, self.tokenizer,
             self.args.save_total_limit,
         ))  # fmt: skip
+        self._saved = (self.step, path)
+        return path
 
     def _save_interrupted(self, schedule: dict[str, Any]) -> Path | None:
         """After a KeyboardInterrupt: the checkpoint of the last finished step, with the prompts it had
@@ -538,6 +542,8 @@ class HarnessAsyncGRPOTrainer:
         collective that the other ranks are not in)."""
         if self.step == 0 or self._in_update or self.processes.world_size > 1:
             return None
+        if self._saved is not None and self._saved[0] == self.step:  # save_steps, or the resumed one
+            return self._saved[1]
         with self.update_guard():  # a second signal still kills at once; a first must not split the save
             return self.save(schedule=schedule)
 
@@ -545,6 +551,7 @@ class HarnessAsyncGRPOTrainer:
         state = load_checkpoint(path, self.model, self.optimizer)
         self._engine_current = False
         self.step = int(state["global_step"])
+        self._saved = (self.step, path)
         self.policy_version = int(state["policy_version"])
         self.schedule.load_state_dict(state["schedule"])
         log.info("resumed from %s at step %d", path, self.step)
