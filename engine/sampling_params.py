@@ -10,6 +10,15 @@ from engine.errors import BadRequest
 from engine.protocol import MAX_TOP_LOGPROBS, SamplingFields
 from engine.sampling import SamplingSettings
 
+MIN_TEMPERATURE = 0.01
+"""vLLM raises a temperature in (0, 0.01) to 0.01, since below it logits / temperature can overflow to inf
+or nan (`_MAX_TEMP` in SamplingParams.__post_init__, vllm/sampling_params.py, 0.32.0); 0 stays greedy."""
+
+
+def effective_temperature(requested: float) -> float:
+    """The temperature vLLM samples (and computes processed logprobs) with for a requested one."""
+    return MIN_TEMPERATURE if 0 < requested < MIN_TEMPERATURE else requested
+
 
 class Defaults(BaseModel):
     """Sampling defaults taken from the model folder's generation_config.json, as vLLM does."""
@@ -73,7 +82,9 @@ def sampling_settings(
         )
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingSettings(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        temperature=effective_temperature(
+            defaults.temperature if req.temperature is None else req.temperature
+        ),
         top_p=defaults.top_p if req.top_p is None else req.top_p,
         top_k=defaults.top_k if req.top_k is None else req.top_k,
         min_p=req.min_p or 0.0,
