@@ -65,6 +65,36 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PY
 }
 
+# CPython built from source where the suite's own Python is another version (python:3.13-slim-bookworm:
+# bookworm has 3.11). The source is Debian's copy of python.org's tarball (deb.debian.org is reachable
+# where python.org may not be), pinned by its sha256.
+declare -A CPYTHON_SOURCE=(
+  [3.13]="3.13.5 pool/main/p/python3.13/python3.13_3.13.5.orig.tar.xz 93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640"
+)
+DEBIAN_MIRROR="${HARBOR_SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
+
+cpython_local() {  # $1 X.Y, $2 suite, $3 output tar: /usr/local of CPython built on the suite (cached)
+  local minor="$1" suite="$2" out="$3" version path sha cached context builder
+  read -r version path sha <<<"${CPYTHON_SOURCE[$minor]:?no CPython $minor source pinned in build.sh}"
+  cached="$CACHE_DIR/cpython-$version-$suite-$(cat Dockerfile.cpython | sha256sum | cut -c1-12).tar.gz"
+  if [ ! -f "$cached" ]; then
+    echo "stand-ins: building CPython $version on $suite (once; about 10 minutes on 2 cores)" >&2
+    context="$work/cpython-$minor-$suite"
+    mkdir -p "$context"
+    python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+      "$DEBIAN_MIRROR/$path" "$context/Python.tar.xz"
+    echo "$sha  $context/Python.tar.xz" | sha256sum -c --quiet
+    cp Dockerfile.cpython "$context/Dockerfile"
+    builder="harbor-rl/stand-in-build:cpython-$version-$suite"
+    docker build -q --build-arg "BASE=harbor-rl/sandbox-base:$suite" -t "$builder" "$context" \
+      >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 1; }
+    docker run --rm --network none "$builder" tar -C /usr/local -czf - . >"$cached.partial"
+    mv "$cached.partial" "$cached"
+    docker rmi "$builder" >/dev/null
+  fi
+  gzip -dc "$cached" >"$out"
+}
+
 pip_packages() {  # $1 kind: what the public image pip-installed (docker-library/python's Dockerfiles)
   case "$1" in
     python) echo "pip==$PIP_VERSION" ;;
@@ -85,7 +115,8 @@ build_variant() {  # $1 kind, $2 suite; prints the image reference
     HARBOR_SANDBOX_BASE_IMAGE="$base" HARBOR_SANDBOX_BASE_SUITE="$suite" bash ../sandbox-base/build.sh >/dev/null
   fi
   packages="$(pip_packages "$kind")"
-  hash="$( (cat "$dockerfile"; echo "$variant $packages $UV_VERSION $platform"; \
+  hash="$( (cat "$dockerfile"; [[ "$kind" == cpython-* ]] && cat Dockerfile.cpython && echo "${CPYTHON_SOURCE[${kind#cpython-}]:-}"; \
+            echo "$variant $packages $UV_VERSION $platform"; \
             docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
             cat "$HOST_CA" 2>/dev/null || true) | sha256sum | cut -c1-12)"
   ref="harbor-rl/stand-in:$variant-$hash"
@@ -94,9 +125,16 @@ build_variant() {  # $1 kind, $2 suite; prints the image reference
     mkdir -p "$context/ca" "$context/wheels"
     cp "$work/bin/uv" "$work/bin/uvx" "$context/"
     cp "$dockerfile" "$context/Dockerfile"
+    if [[ "$kind" == cpython-* ]]; then
+      cpython_local "${kind#cpython-}" "$suite" "$context/local.tar"
+    else
+      tar -cf "$context/local.tar" -T /dev/null  # nothing to add under /usr/local
+    fi
     if [ -n "$packages" ]; then
       wheels="$CACHE_DIR/stand-in-wheels/$(echo "$packages" | tr ' =' '_-')"
-      [ -f "$wheels/.done" ] || { pip_download "$wheels" $packages && touch "$wheels/.done"; }
+      have() { [ "$(ls "$wheels"/*.whl 2>/dev/null | wc -l)" -ge "$(wc -w <<<"$packages")" ]; }
+      have || pip_download "$wheels" $packages
+      have || { echo "stand-ins: could not download $packages from PyPI" >&2; exit 1; }
       cp "$wheels"/*.whl "$context/wheels/"
     fi
     if [ "$kind" != uv ]; then

@@ -122,6 +122,7 @@ def run_in(image: str, script: str) -> str:
 
 PROBE = """
 cat /etc/debian_version
+python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])'
 python3 -c 'import pytest' 2>/dev/null && echo has-pytest
 for c in git curl ps make pip python; do command -v $c >/dev/null && echo "has-$c"; done
 ls /usr/lib/python3*/EXTERNALLY-MANAGED >/dev/null 2>&1 && echo has-pep668-marker
@@ -158,9 +159,12 @@ def test_each_stand_in_has_what_its_image_has(docker_client, stand_ins):
         assert "has-pep668-marker" not in probed["ubuntu:22.04"]  # jammy predates PEP 668
     if "ubuntu:24.04" in probed:
         assert "has-pep668-marker" in probed["ubuntu:24.04"]
+    if "python:3.11-slim" in probed:
+        assert "python3.11" in probed["python:3.11-slim"]
     if "python:3.13-slim-bookworm" in probed:  # bookworm's OpenSSL 3.0, which a task's solution may parse
         found = probed["python:3.13-slim-bookworm"]
         assert "subject=CN = x" in found and any(v.startswith("12.") for v in found), found
+        assert "python3.13" in found, found  # `uvx -p 3.13` in terminal-bench's verifiers finds it
 
 
 @pytest.mark.timeout(600)
@@ -198,7 +202,7 @@ def test_a_task_that_pip_installs_pytest_scores_1_on_the_stand_in_and_says_it_ra
     marks = doc["harbor_rl"]["stand_in_images"]
     if stand_in:
         assert [(m["name"], m["stand_in"]) for m in marks] == [
-            ("python:3.13-slim-bookworm", "python-bookworm")
+            ("python:3.13-slim-bookworm", "cpython-3.13-bookworm")
         ]
         assert "ran on stand-ins of python:3.13-slim-bookworm" in " ".join(result.output.split())
     else:
