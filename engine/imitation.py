@@ -39,6 +39,7 @@ from starlette.responses import Response, StreamingResponse
 from engine.protocol import (
     POLICY_VERSION_HEADER,
     VLLM_ONLY_FIELDS,
+    effective_temperature,
     error_body,
     new_id,
     now,
@@ -80,6 +81,9 @@ class ImitationSettings(BaseModel):
     """Seconds between streamed tokens."""
     token_id_strings: bool = True
     """Logprob tokens read `token_id:N` as with vLLM's --return-tokens-as-token-ids."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """vLLM's --logprobs-mode: processed top-logprob alternatives spread apart as the temperature falls,
+    raw ones do not (what harbor serve's engine probe tells apart)."""
     policy_version: int | None = 0
     """Sent as the `x-policy-version` header; None sends no header."""
     fail: Failure | None = None
@@ -539,10 +543,25 @@ def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
     return decode_token(tid)
 
 
-def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int, decoded: str | None = None) -> dict:
+def _alternative_gap(body: dict, cfg: ImitationSettings) -> float:
+    """How far apart the top-logprob alternatives are: 1 / temperature, as processed logprobs spread
+    apart at a lower temperature (vLLM's floor of 0.01 applies, and greedy (0) reports the unscaled
+    logits'); 1 for raw logprobs."""
+    if cfg.logprobs_mode == "raw_logprobs":
+        return 1.0
+    temperature = effective_temperature(
+        float(body.get("temperature") or 0.0) if "temperature" in body else 1.0
+    )
+    return 1.0 if temperature < 1e-5 else 1.0 / temperature
+
+
+def _chat_logprob(
+    tid: int, i: int, cfg: ImitationSettings, top: int, decoded: str | None = None, gap: float = 1.0
+) -> dict:
     """One token's logprob entry as vLLM builds it (`_create_chat_logprobs` and `_get_top_logprobs` in
     vllm/entrypoints/openai/chat_completion/serving.py): the entry's `bytes` are the decoded token's,
-    each top-logprob alternative's the bytes of the token string it shows (`token_id:N` too)."""
+    each top-logprob alternative's the bytes of the token string it shows (`token_id:N` too); the k-th
+    alternative lies `k * gap` below the sampled token."""
     tok = _token_string(tid, i, cfg)
     lp = logprob_of(tid, i)
     decoded = decode_token(tid) if decoded is None else decoded
@@ -550,7 +569,7 @@ def _chat_logprob(tid: int, i: int, cfg: ImitationSettings, top: int, decoded: s
     for k in range(1, top):
         alt = (tid + k) % VOCAB_SIZE
         alt_tok = token_id_string(alt) if cfg.token_id_strings else decode_token(alt)
-        entries.append({"token": alt_tok, "logprob": lp - k, "bytes": list(alt_tok.encode())})
+        entries.append({"token": alt_tok, "logprob": lp - k * gap, "bytes": list(alt_tok.encode())})
     return {"token": tok, "logprob": lp, "bytes": list(decoded.encode()), "top_logprobs": entries}
 
 
@@ -579,7 +598,10 @@ def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: Im
     logprobs = None
     if _wants_logprobs(body, cfg):
         top = body.get("top_logprobs") or 0
-        logprobs = {"content": [_chat_logprob(t, i, cfg, top, comp.shown(i)) for i, t in enumerate(comp.ids)]}
+        gap = _alternative_gap(body, cfg)
+        logprobs = {
+            "content": [_chat_logprob(t, i, cfg, top, comp.shown(i), gap) for i, t in enumerate(comp.ids)]
+        }
     choice = {
         "index": 0, "message": message, "logprobs": logprobs, "finish_reason": comp.finish_reason,
         "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
@@ -696,6 +718,7 @@ async def _chat_stream(
     wants_ids = _wants_ids(body, cfg)
     wants_lp = _wants_logprobs(body, cfg)
     top = body.get("top_logprobs") or 0
+    gap = _alternative_gap(body, cfg)
     first = {
         "index": 0,
         "delta": {"role": "assistant", "content": ""},
@@ -725,7 +748,7 @@ async def _chat_stream(
         last = i == len(comp.ids) - 1
         choice: dict[str, Any] = {
             "index": 0, "delta": delta,
-            "logprobs": {"content": [_chat_logprob(tid, i, cfg, top, comp.shown(i))]} if wants_lp else None,
+            "logprobs": {"content": [_chat_logprob(tid, i, cfg, top, comp.shown(i), gap)]} if wants_lp else None,
             "finish_reason": comp.finish_reason if last else None,
         }  # fmt: skip
         if last:

@@ -20,6 +20,17 @@ vLLM itself sends none)."""
 VLLM_ONLY_FIELDS = frozenset({"return_token_ids", "top_k", "min_p", "repetition_penalty"})
 """Request fields vLLM accepts that OpenAI's API refuses."""
 MAX_TOP_LOGPROBS = 20
+
+MIN_TEMPERATURE = 0.01
+"""vLLM raises a temperature in (0, 0.01) to 0.01, since below it logits / temperature can overflow to inf
+or nan (`_MAX_TEMP` in SamplingParams.__post_init__, vllm/sampling_params.py, 0.32.0); 0 stays greedy."""
+
+
+def effective_temperature(requested: float) -> float:
+    """The temperature vLLM samples (and computes processed logprobs) with for a requested one."""
+    return MIN_TEMPERATURE if 0 < requested < MIN_TEMPERATURE else requested
+
+
 LOGPROB_FLOOR = -9999.0
 """vLLM reports -inf (a filtered token) as -9999.0: JSON has no infinity."""
 

@@ -7,17 +7,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from engine.errors import BadRequest
-from engine.protocol import MAX_TOP_LOGPROBS, SamplingFields
+from engine.protocol import MAX_TOP_LOGPROBS, SamplingFields, effective_temperature
 from engine.sampling import SamplingSettings
-
-MIN_TEMPERATURE = 0.01
-"""vLLM raises a temperature in (0, 0.01) to 0.01, since below it logits / temperature can overflow to inf
-or nan (`_MAX_TEMP` in SamplingParams.__post_init__, vllm/sampling_params.py, 0.32.0); 0 stays greedy."""
-
-
-def effective_temperature(requested: float) -> float:
-    """The temperature vLLM samples (and computes processed logprobs) with for a requested one."""
-    return MIN_TEMPERATURE if 0 < requested < MIN_TEMPERATURE else requested
 
 
 class Defaults(BaseModel):

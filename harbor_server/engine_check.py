@@ -5,8 +5,11 @@ Three questions, each answered by one small request:
 2. Does it return the engine's token ids and sampled logprobs? (a 1-token chat completion with
    `return_token_ids`, `logprobs`, `top_logprobs: 0`, as the capture proxy sends them)
 3. Are the logprobs processed (after temperature), as training needs? No endpoint says so, so the
-   probe samples at a very low temperature: processed logprobs of the sampled token are then close to 0,
-   raw ones usually are not. Only a warning, because a confident model can blur the difference.
+   probe asks for the first token's top alternatives at two temperatures: processed logprobs are
+   `log_softmax(logits / T)`, so the gap between two alternatives doubles from T=1 to T=0.5, while raw
+   ones do not move. A ratio, not a threshold on one logprob: it holds for a confident model and a
+   random one alike, and for vLLM, which raises any temperature below 0.01 to 0.01 (so a probe at a
+   tiny temperature could not tell). Only a warning when unclear (an engine without top_logprobs).
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import httpx
 
 from harbor_server.models import EngineStatus
 
-PROBE_TEMPERATURE = 0.001
-PROCESSED_LOGP_MIN = -0.1
-"""At PROBE_TEMPERATURE a processed logprob of the sampled token is above this (probability > 0.9)."""
-RAW_LOGP_MAX = -1.5
-"""A sampled logprob below this at PROBE_TEMPERATURE is what raw (pre-temperature) logprobs look like."""
+PROBE_TEMPERATURES = (1.0, 0.5)
+"""The two temperatures of the processed-logprobs check: processed gaps grow by 1.0 / 0.5 = 2."""
+PROBE_ALTERNATIVES = 5
+"""top_logprobs asked for in that check."""
+MIN_GAP = 0.05
+"""Below this gap (at T=1) between the most and least likely shared alternative the ratio says nothing."""
+RATIO_TOLERANCE = 0.1
+"""How far (relative) the measured gap ratio may be from 2 (processed) or 1 (raw) for a verdict."""
 
 
 async def probe_engine(
@@ -91,34 +97,100 @@ async def _check_models(client: httpx.AsyncClient, url: str, model: str | None, 
     return True
 
 
-async def _check_completion(client: httpx.AsyncClient, url: str, model: str, status: EngineStatus) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Say hi."}],
-        "max_tokens": 1,
-        "temperature": PROBE_TEMPERATURE,
-        "logprobs": True,
-        "top_logprobs": 0,
-        "return_token_ids": True,
-    }
+async def _chat(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], status: EngineStatus
+) -> dict[str, Any] | None:
+    """POST a 1-token chat completion; its payload, or None with an error recorded."""
     try:
         response = await client.post("/chat/completions", json=body)
     except httpx.HTTPError as exc:
         status.errors.append(f"a 1-token chat completion at {url} failed ({type(exc).__name__}: {exc})")
-        return
+        return None
     if response.status_code != 200:
         status.errors.append(
             f"a 1-token chat completion at {url} answered {response.status_code}: {response.text[:300]}"
         )
-        return
+        return None
     try:
         payload = response.json()
-        choice = payload["choices"][0]
+        if not isinstance(payload["choices"][0], dict):
+            raise TypeError("a choice is not an object")
     except (ValueError, KeyError, IndexError, TypeError):
         status.errors.append(f"a 1-token chat completion at {url} returned no choices: {response.text[:300]}")
+        return None
+    return payload
+
+
+def _probe_body(model: str, temperature: float, top_logprobs: int) -> dict[str, Any]:
+    return {
+        "model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 1,
+        "temperature": temperature, "logprobs": True, "top_logprobs": top_logprobs, "return_token_ids": True,
+        "seed": 0,
+    }  # fmt: skip
+
+
+async def _check_completion(client: httpx.AsyncClient, url: str, model: str, status: EngineStatus) -> None:
+    # As the capture proxy asks: the sampled token's logprob only (top_logprobs 0), and the token ids.
+    payload = await _chat(client, url, _probe_body(model, PROBE_TEMPERATURES[0], 0), status)
+    if payload is None:
         return
+    choice = payload["choices"][0]
     _check_token_ids(payload, choice, url, status)
     _check_logprobs(choice, url, status)
+    if not status.logprobs:
+        return
+    tops = []
+    for temperature in PROBE_TEMPERATURES:
+        errors = len(status.errors)
+        payload = await _chat(client, url, _probe_body(model, temperature, PROBE_ALTERNATIVES), status)
+        if payload is None:  # an engine without top_logprobs still serves training: a warning, not an error
+            status.warnings.extend(status.errors[errors:])
+            del status.errors[errors:]
+            break
+        tops.append(_top_logprobs(payload["choices"][0]))
+    _judge_processed(tops, url, status)
+
+
+def _top_logprobs(choice: dict[str, Any]) -> dict[str, float]:
+    try:
+        entries = choice["logprobs"]["content"][0]["top_logprobs"]
+        return {str(e["token"]): float(e["logprob"]) for e in entries if math.isfinite(float(e["logprob"]))}
+    except (KeyError, IndexError, TypeError, ValueError):
+        return {}
+
+
+def _judge_processed(tops: list[dict[str, float]], url: str, status: EngineStatus) -> None:
+    """Set `status.processed_logprobs` from the gap ratio of alternatives both temperatures list."""
+    unclear = (
+        f"cannot tell whether the engine at {url} reports processed logprobs ({{why}}); make sure vLLM runs "
+        "with --logprobs-mode processed_logprobs"
+    )
+    if len(tops) < 2:
+        status.warnings.append(unclear.format(why="no top_logprobs at two temperatures"))
+        return
+    high, low = tops
+    shared = [token for token in high if token in low]
+    if len(shared) < 2:
+        status.warnings.append(unclear.format(why="the two temperatures share fewer than 2 alternatives"))
+        return
+    first, last = max(shared, key=high.__getitem__), min(shared, key=high.__getitem__)
+    gap = high[first] - high[last]
+    if gap < MIN_GAP:
+        status.warnings.append(unclear.format(why=f"its top alternatives are only {gap:.3f} apart"))
+        return
+    ratio = (low[first] - low[last]) / gap
+    processed = PROBE_TEMPERATURES[0] / PROBE_TEMPERATURES[1]
+    if abs(ratio - processed) <= RATIO_TOLERANCE * processed:
+        status.processed_logprobs = True
+    elif abs(ratio - 1.0) <= RATIO_TOLERANCE:
+        status.processed_logprobs = False
+        status.warnings.append(
+            f"the engine at {url} reports raw logprobs: their gaps did not change from temperature "
+            f"{PROBE_TEMPERATURES[0]} to {PROBE_TEMPERATURES[1]} (ratio {ratio:.2f}, processed would be "
+            f"{processed:.0f}); start vLLM with --logprobs-mode processed_logprobs"
+        )
+    else:
+        status.warnings.append(unclear.format(why=f"gap ratio {ratio:.2f}, expected {processed:.0f} or 1"))
 
 
 def _check_token_ids(payload: dict[str, Any], choice: dict[str, Any], url: str, status: EngineStatus) -> None:
@@ -144,16 +216,3 @@ def _check_logprobs(choice: dict[str, Any], url: str, status: EngineStatus) -> N
         status.errors.append(f"engine at {url} returned a non-finite or non-numeric logprob {logp!r}")
         return
     status.logprobs = True
-    if logp >= PROCESSED_LOGP_MIN:
-        status.processed_logprobs = True
-    elif logp <= RAW_LOGP_MAX:
-        status.processed_logprobs = False
-        status.warnings.append(
-            f"at temperature {PROBE_TEMPERATURE} the sampled token's logprob was {logp:.3f}: the engine "
-            "looks like it reports raw logprobs; start vLLM with --logprobs-mode processed_logprobs"
-        )
-    else:
-        status.warnings.append(
-            f"cannot tell whether the engine's logprobs are processed (probe logprob {logp:.3f}); "
-            "make sure vLLM runs with --logprobs-mode processed_logprobs"
-        )

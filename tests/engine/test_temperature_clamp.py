@@ -8,7 +8,7 @@ import httpx
 import pytest
 import torch
 
-from engine.sampling_params import MIN_TEMPERATURE, effective_temperature
+from engine.protocol import MIN_TEMPERATURE, effective_temperature
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -37,6 +37,44 @@ async def test_probe_of_a_vllm_like_engine(imitation):
     assert status.models == [MODEL]
 
 
+@pytest.mark.parametrize(("mode", "processed"), [("processed_logprobs", True), ("raw_logprobs", False)])
+async def test_probe_tells_processed_from_raw_logprobs(imitation, mode, processed):
+    """The verdict comes from how the top alternatives' gaps move between two temperatures."""
+    httpx.post(f"{imitation}/imitation/settings", json={"logprobs_mode": mode}).raise_for_status()
+    status = await probe_engine(imitation + "/v1", MODEL)
+    assert status.ok and status.processed_logprobs is processed
+    if processed:
+        assert status.warnings == []
+    else:
+        assert len(status.warnings) == 1 and "reports raw logprobs" in status.warnings[0]
+        assert "--logprobs-mode processed_logprobs" in status.warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("tops", "verdict", "words"),
+    [
+        ([{"a": -0.1, "b": -2.1}, {"a": -0.01, "b": -4.01}], True, None),  # gap 2 -> 4: processed
+        ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "b": -2.1}], False, "reports raw logprobs"),
+        ([{"a": -0.1, "b": -2.1}], None, "no top_logprobs at two temperatures"),
+        ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "c": -2.1}], None, "fewer than 2 alternatives"),
+        ([{"a": -0.69, "b": -0.70}, {"a": -0.69, "b": -0.71}], None, "only 0.010 apart"),
+        ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "b": -3.1}], None, "gap ratio 1.50"),
+    ],
+)
+def test_processed_verdict_from_gap_ratios(tops, verdict, words):
+    """An engine that lists no alternatives, or too close ones, still serves training: a warning, no verdict."""
+    from harbor_server.engine_check import _judge_processed
+    from harbor_server.models import EngineStatus
+
+    status = EngineStatus(url="http://engine/v1", checked=True)
+    _judge_processed(tops, "http://engine/v1", status)
+    assert status.processed_logprobs is verdict and status.errors == []
+    if words is None:
+        assert status.warnings == []
+    else:
+        assert len(status.warnings) == 1 and words in status.warnings[0], status.warnings
+
+
 async def test_probe_reports_an_unreachable_engine():
     url = f"http://127.0.0.1:{free_port()}/v1"
     status = await probe_engine(url, MODEL, timeout_s=2)
