@@ -74,3 +74,16 @@ def test_check_run_exits_0_on_counts_beside_the_reward_and_1_with_words_when_wro
     assert "oracle reward 0, expected 1" in rows["lazy-oracle"]
     assert "expected" not in rows["counts"]
     assert bad.output.strip().splitlines()[-1] == "not ok: lazy-oracle"
+
+
+@pytest.mark.timeout(120)
+def test_sales_summary_whose_reward_json_counts_its_tests_checks_ok():
+    """The built-in task whose reward.json carries `tests_passed: 4` beside `reward` (the issue's case)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bwrap is not installed; the local backend needs it")
+    from tasks import BUILTIN_DIR
+
+    result = _check(BUILTIN_DIR / "sales-summary")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "sales-summary" in line and "│" in line)
+    assert "ok" in row and "expected" not in row
