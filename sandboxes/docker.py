@@ -110,7 +110,7 @@ class DockerBackend:
                 await _blocking(self._allow_proxy_port, network, spec.proxy_port)
                 await self._ensure_forwarder(network, spec.proxy_port)
             try:
-                container = await _blocking(self._run_container, client, spec, image, network, allowed.pins)
+                container = await self._run_container_once(client, spec, image, network, allowed)
                 break
             except _NetworkGone:
                 # Another process removed the idle network between our setup and the start: redo it.
@@ -136,6 +136,20 @@ class DockerBackend:
             await sandbox.stop()
             raise
         return sandbox
+
+    async def _run_container_once(self, client, spec: SandboxSpec, image: str, network, allowed: Allowlist):
+        """`_run_container` on a thread, which a cancel (a Ctrl-C on `harbor eval`, a cancelled rollout)
+        does not stop: the container it goes on to start is stopped here, or it would outlive the rollout
+        with no sandbox object to stop it."""
+        run = asyncio.ensure_future(
+            _blocking(self._run_container, client, spec, image, network, allowed.pins)
+        )
+        try:
+            return await asyncio.shield(run)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await DockerSandbox(spec, await run, network, backend=self, allowed=allowed).stop()
+            raise
 
     async def health(self) -> str:
         client = await _blocking(self._connect)
