@@ -498,6 +498,11 @@ def run_training(
 
     before = after = None
     if resume:  # the checkpoint holds weights past the warm-up, and past what `before` would evaluate
+        if not checkpoints(output_dir):  # said before anything starts
+            raise TrainerConfigError(
+                f"--resume: {output_dir} holds no checkpoint-<step> folder (no GRPO step was saved there); "
+                "run without --resume, or pass the --output-dir of the run to continue"
+            )
         run = run.model_copy(update={"sft_steps": 0, "base_eval_episodes": 0})
     with contextlib.ExitStack() as stack:
         warming = None

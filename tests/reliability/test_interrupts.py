@@ -250,3 +250,16 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path) -> None:
         -3000:
     ]
     wait_for(lambda: not run.left_behind(), timeout_s=5, what="its sandboxes' processes gone with it")
+
+
+def test_resume_without_a_checkpoint_is_one_line_before_anything_starts(tmp_path) -> None:
+    """What an interrupt before GRPO leaves (its line says there is nothing to resume): --resume there is
+    refused at once, naming the folder, not after the engine and server have started."""
+    from typer.testing import CliRunner
+
+    from harbor_rl.cli import app
+
+    result = CliRunner().invoke(app, ["train", "--resume", "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    assert f"--resume: {tmp_path / 'out'} holds no checkpoint-<step> folder" in result.output
+    assert not (tmp_path / "out" / "engine.log").exists() and "Traceback" not in result.output
