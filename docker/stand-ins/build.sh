@@ -204,3 +204,12 @@ while read -r name kind suite _; do
   fi
   echo "stand-ins: $name: stand-in $ref (pull failed: $why)"
 done <"$IMAGES"
+
+# Stand-ins of earlier recipes that no name uses any more (a full run only: a test's own list builds a
+# few). `docker rmi` of a tag only untags an image that still has another name or a child image.
+if [ -z "${HARBOR_STAND_IN_IMAGES:-}" ]; then
+  current=" ${built[*]} "
+  for old in $(docker images harbor-rl/stand-in --format '{{.Repository}}:{{.Tag}}'); do
+    [[ "$current" == *" $old "* ]] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
+fi
