@@ -5,6 +5,14 @@
 # is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --with-vllm: also build vLLM's CPU build in a venv of its own (scripts/vllm_env.sh; 2.5 GB, minutes).
+WITH_VLLM=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-vllm) WITH_VLLM=1 ;;
+    *) echo "setup.sh: unknown option $arg (the one option is --with-vllm)" >&2; exit 2 ;;
+  esac
+done
 
 log() { printf '\033[1;34m[setup]\033[0m %s\n' "$*"; }
 SUDO=""
@@ -119,4 +127,8 @@ fi
 #    wheels, downloaded once into ~/.cache/harbor-rl/vllm-wheels (HARBOR_VLLM_WHEELS), a few files unzipped.
 log "fetching the pinned vLLM releases' source for the weight-sync tests (cached)"
 python3 -c "from tests.vllm.wheels import RELEASES, release_source; [release_source(v) for v in RELEASES]"
+# 10. Opt-in: vLLM's CPU build for `harbor engine --backend vllm` and tests/vllm_live.
+if [ "$WITH_VLLM" = 1 ]; then
+  bash scripts/vllm_env.sh
+fi
 log "ready"

