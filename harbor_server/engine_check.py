@@ -23,10 +23,12 @@ from harbor_server.models import EngineStatus
 
 PROBE_TEMPERATURES = (1.0, 0.5)
 """The two temperatures of the processed-logprobs check: processed gaps grow by 1.0 / 0.5 = 2."""
-PROBE_ALTERNATIVES = 5
-"""top_logprobs asked for in that check."""
-MIN_GAP = 0.05
-"""Below this gap (at T=1) between the most and least likely shared alternative the ratio says nothing."""
+PROBE_ALTERNATIVES = 20
+"""top_logprobs asked for in that check (vLLM's default most): the widest spread of alternatives."""
+MIN_GAP = 0.005
+"""Below this gap (at T=1) between the most and least likely shared alternative the ratio says nothing.
+A random model's are close (the tiny model's top 20 span ~0.1 nats) but float32 logprobs are exact to
+~1e-6, so the ratio is still exact to a few parts in 1e4."""
 RATIO_TOLERANCE = 0.1
 """How far (relative) the measured gap ratio may be from 2 (processed) or 1 (raw) for a verdict."""
 

@@ -57,7 +57,7 @@ async def test_probe_tells_processed_from_raw_logprobs(imitation, mode, processe
         ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "b": -2.1}], False, "reports raw logprobs"),
         ([{"a": -0.1, "b": -2.1}], None, "no top_logprobs at two temperatures"),
         ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "c": -2.1}], None, "fewer than 2 alternatives"),
-        ([{"a": -0.69, "b": -0.70}, {"a": -0.69, "b": -0.71}], None, "only 0.010 apart"),
+        ([{"a": -0.693, "b": -0.694}, {"a": -0.693, "b": -0.695}], None, "only 0.001 apart"),
         ([{"a": -0.1, "b": -2.1}, {"a": -0.1, "b": -3.1}], None, "gap ratio 1.50"),
     ],
 )
