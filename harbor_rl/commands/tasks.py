@@ -136,6 +136,12 @@ def _row(task, backend: str) -> dict:
     if unknown and len(unknown) > len(misplaced):
         notes.append("unknown keys kept: " + ", ".join(k for k in unknown if k not in misplaced))
     notes += warnings(task, backend)
+    if backend == "docker":
+        from evaluation.runner import stand_in_images
+
+        stand_ins = ", ".join(image.name for image in stand_in_images(task))
+        if stand_ins:
+            notes.append(f"{stand_ins}: a stand-in here, not the image itself (docker/stand-ins/README.md)")
     if not task.has_solution:
         notes.append("no solution/solve.sh")
     error = f"cannot run on {backend}: " + "; ".join(refused) if refused else None

@@ -173,7 +173,7 @@ def test_a_task_that_pip_installs_pytest_scores_1_on_the_stand_in_and_says_it_ra
 ):
     """terminal-bench's headless-terminal shape through `harbor eval`: its verifier pip-installs pytest
     (Debian's would not uninstall) and checks bookworm's OpenSSL output; the oracle scores 1.0, and the
-    trial's result.json and the eval table say the image was a stand-in."""
+    trial's result.json, the eval table and `harbor tasks check` say the image was a stand-in."""
     stand_in = is_stand_in(docker_client, "python:3.13-slim-bookworm")
     jobs = tmp_path / "jobs"
     result = CliRunner().invoke(
@@ -200,6 +200,11 @@ def test_a_task_that_pip_installs_pytest_scores_1_on_the_stand_in_and_says_it_ra
     assert trial.reward == 1.0, (trial.error, trial.rewards)
     doc = json.loads((job.trial_dir(trial.split, trial.task_id, trial.attempt) / "result.json").read_text())
     marks = doc["harbor_rl"]["stand_in_images"]
+    checked = CliRunner().invoke(
+        app, ["tasks", "check", str(PIP_TASK), "--sandbox", "docker"], terminal_width=250
+    )
+    assert checked.exit_code == 0, checked.output
+    assert ("python:3.13-slim-bookworm: a stand-in here" in checked.output) == stand_in, checked.output
     if stand_in:
         assert [(m["name"], m["stand_in"]) for m in marks] == [
             ("python:3.13-slim-bookworm", "cpython-3.13-bookworm")
