@@ -24,7 +24,9 @@ async def _cancel_once_created(backend, client) -> tuple[str, bool]:
     name = f"dk-cancel-{uuid.uuid4().hex[:8]}"
     mine = {"label": f"{NAME_LABEL}={name}"}
     start = asyncio.create_task(backend.start(SandboxSpec(name=name, docker_image=BASE_IMAGE)))
-    while not await asyncio.to_thread(client.containers.list, all=True, filters=mine):
+    # The low-level list: the SDK's `containers.list` inspects each one, and a container removed
+    # between its list and its inspect is a 404 (a failed first create is removed so).
+    while not await asyncio.to_thread(client.api.containers, all=True, filters=mine):
         if start.done():
             break
         await asyncio.sleep(0.005)
@@ -45,6 +47,6 @@ async def test_a_start_cancelled_while_its_container_is_created_leaves_none(dock
     else:
         pytest.skip("every start finished before its container could be seen: nothing to cancel")
     left = await asyncio.to_thread(
-        docker_client.containers.list, all=True, filters={"label": f"{NAME_LABEL}={name}"}
+        docker_client.api.containers, all=True, filters={"label": f"{NAME_LABEL}={name}"}
     )
     assert left == []
