@@ -178,7 +178,7 @@ def test_ctrl_c_on_eval_cancels_live_trials_and_keeps_finished_ones(tmp_path, sa
     owner = f"{OWNER_LABEL}={run.proc.pid}@{socket.gethostname()}"
     if sandbox == "docker":  # interrupted with a live trial's container running
         wait_for(
-            lambda: client.containers.list(filters={"label": owner}), timeout_s=60, what="a live container"
+            lambda: client.api.containers(filters={"label": owner}), timeout_s=60, what="a live container"
         )
     output = run.assert_ended_cleanly(run.ctrl_c(), "finished trials are kept; continue with: harbor eval")
     assert output.rstrip().endswith("--job-name cut --resume"), output[-500:]
@@ -188,7 +188,7 @@ def test_ctrl_c_on_eval_cancels_live_trials_and_keeps_finished_ones(tmp_path, sa
     finally:
         store.close()
     if sandbox == "docker":  # the live trials' containers went with them
-        assert client.containers.list(all=True, filters={"label": owner}) == []
+        assert client.api.containers(all=True, filters={"label": owner}) == []
 
 
 def test_ctrl_c_on_collect(tmp_path) -> None:
