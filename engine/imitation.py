@@ -271,8 +271,8 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
         pv = s().policy_version
         return {} if pv is None else {POLICY_VERSION_HEADER: str(pv)}
 
-    def error(status: int, message: str, kind: str) -> Response:
-        body = error_body(message, kind, status)
+    def error(status: int, message: str, kind: str, param: str | None = None) -> Response:
+        body = error_body(message, kind, status, param)
         return Response(
             orjson.dumps(body), status_code=status, media_type="application/json", headers=headers()
         )
@@ -315,7 +315,9 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
         if cfg.fail == "hang":
             await asyncio.sleep(cfg.hang_s)
         if body.get("model") != cfg.model:
-            return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+            # vLLM 0.32 names the parameter and the served names (checked by tests/vllm_live).
+            message = f"The model `{body.get('model')}` does not exist. Valid aliases: {cfg.model}."
+            return error(404, message, "NotFoundError", "model")
         if cfg.latency_s:
             await asyncio.sleep(cfg.latency_s)
         if (refused := _paused_refusal(app, cfg)) is not None:
