@@ -113,7 +113,8 @@ class HarborGroup(TyperGroup):
             flag = getattr(exc, "flag", None)
             hint = f"; pass {flag} to choose another" if flag else ""
             console.print(f"[bold red]{command}:[/] {escape(message)}{hint}", highlight=False, markup=True)
-            console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
+            if not flag:  # a refusal is the whole story; an error may need its traceback
+                console.print(f"[dim]for the traceback: {DEBUG_FLAG} or {DEBUG_ENV}=1[/]")
             raise typer.Exit(2 if flag else 1) from None
 
 

@@ -23,6 +23,7 @@ learn from.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import math
 import os
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harbor_rl import interrupts
 from trainer.config import AsyncGRPOConfig
-from trainer.errors import TrainerConfigError
+from trainer.errors import OutputDirInUse, TrainerConfigError
 
 
 class TrainRun(BaseModel):
@@ -450,6 +451,28 @@ def all_cores() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def owning_output_dir(output_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `output_dir` for the block, or raise OutputDirInUse at once.
+
+    Two runs in one folder would share its store, checkpoints and server id ("embedded"), and the
+    second one's server would be refused only after its engine started. The kernel drops a process's
+    lock however it ends, so a SIGKILLed run never leaves the folder locked."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / ".harbor-train.lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise OutputDirInUse(f"{output_dir} is in use by another harbor train (pid {holder})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
 
 
 def run_training(

@@ -13,6 +13,13 @@ class TrainerConfigError(TrainerError):
     """A config file or flag that cannot be used (names the key and the value)."""
 
 
+class OutputDirInUse(TrainerConfigError):
+    """Another live run writes to the same output folder (its checkpoints, store and logs would mix).
+    `flag` names the option that chooses another; the CLI adds it as the hint and exits 2."""
+
+    flag = "--output-dir"
+
+
 class InvalidCaptureError(TrainerError):
     """A rollout's capture has FATAL findings: a bug to fix, so the run stops (docs/design.md 3.9)."""
 

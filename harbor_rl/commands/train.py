@@ -158,6 +158,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Train a policy with async GRPO on rollouts that Harbor's harnesses run."""
+        from contextlib import nullcontext
+
         import torch
         import yaml
         from rich.console import Console
@@ -169,6 +171,7 @@ def register(app: typer.Typer) -> None:
             CODING_DEFAULTS,
             EMBEDDED_DEFAULTS,
             grpo_threads,
+            owning_output_dir,
             run_training,
             split_settings,
         )
@@ -236,24 +239,27 @@ def register(app: typer.Typer) -> None:
 
         started = time.monotonic()
         # A TrainerError (or a model that cannot be loaded) is one line through the CLI layer, and so is
-        # a Ctrl-C (harbor_rl.interrupts), with what was saved and how to go on.
-        try:
-            with progress:
-                _before, _after, history = run_training(
-                    run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
-                    on_progress=on_progress, on_eval=on_eval,
-                )  # fmt: skip
-        except Interrupted as exc:
-            if exc.checkpoint is not None:
-                interrupts.note(f"GRPO step {exc.step} saved in {exc.checkpoint}")
-                interrupts.note(f"continue with: {interrupts.resume_command()}")
-            else:
-                interrupts.note("no GRPO step had finished, so no checkpoint was written")
-            raise
-        except KeyboardInterrupt:  # before GRPO: the warm-up, the first evaluations
-            interrupts.note("GRPO had not started, so there is nothing to resume")
-            raise
-        _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
+        # a Ctrl-C (harbor_rl.interrupts), with what was saved and how to go on. Rank 0 owns the output
+        # folder for the run (every rank writes to it under accelerate); a second run there is refused.
+        owning = owning_output_dir(Path(grpo.output_dir)) if os.environ.get("RANK", "0") == "0" else nullcontext()
+        with owning:
+            try:
+                with progress:
+                    _before, _after, history = run_training(
+                        run, grpo, resume=resume, on_phase=lambda text: console.log(text), on_step=on_step,
+                        on_progress=on_progress, on_eval=on_eval,
+                    )  # fmt: skip
+            except Interrupted as exc:
+                if exc.checkpoint is not None:
+                    interrupts.note(f"GRPO step {exc.step} saved in {exc.checkpoint}")
+                    interrupts.note(f"continue with: {interrupts.resume_command()}")
+                else:
+                    interrupts.note("no GRPO step had finished, so no checkpoint was written")
+                raise
+            except KeyboardInterrupt:  # before GRPO: the warm-up, the first evaluations
+                interrupts.note("GRPO had not started, so there is nothing to resume")
+                raise
+            _report(console, evaluations, history, grpo.output_dir, time.monotonic() - started)
 
     return None
 
