@@ -573,7 +573,7 @@ async def _run_episodes(
                 purpose="eval",
                 seed=episode_index(config.prefix, eid),
                 episode_id=eid,
-                metadata={"collect": str(dataset.root)},
+                metadata={"collect": str(dataset.root), "run": dataset.root.name},
             )
             outcome = await harbor.run(request)
         instruction = catalog.instructions[(split, task_id)]

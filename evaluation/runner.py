@@ -348,7 +348,7 @@ def rollout_request(config: EvalConfig, job: Job, trial: Trial, trial_dir: Path)
         artifacts_dir=str(trial_dir.resolve()),
         seed=trial.attempt,
         episode_id=f"{job.name}/{trial.task_id}/{trial.attempt}",
-        metadata={"eval_job": job.name, "attempt": trial.attempt},
+        metadata={"eval_job": job.name, "attempt": trial.attempt, "run": job.name},
     )
 
 

@@ -22,6 +22,7 @@ from inspector.db import open_readonly
 from inspector.errors import InspectorError, InvalidQuery
 from inspector.queries import (
     NO_RUN,
+    PURPOSES,
     RolloutPage,
     RolloutQuery,
     count_rollouts,
@@ -57,6 +58,7 @@ SORTS = {
 }
 LIST_COLUMNS = [
     "rollout",
+    "purpose",
     "task",
     "dataset",
     "harness",
@@ -69,6 +71,11 @@ LIST_COLUMNS = [
     "duration s",
 ]
 
+LIST_WIDTHS = {
+    "rollout": "125px", "purpose": "80px", "task": "145px", "dataset": "90px", "harness": "112px",
+    "status": "98px", "reward": "75px", "turns": "60px", "policy v": "80px", "run": "110px",
+    "created (UTC)": "165px", "duration s": "95px",
+}  # fmt: skip
 
 ANCHOR_TOKEN_VIEWS = """
 // A turn's context comes first in its token box and fills it: open each box at its first trained
@@ -106,6 +113,10 @@ def parse_date(text: str | None, field: str, *, end: bool = False) -> float | No
         parsed = parsed.replace(tzinfo=UTC)
     ts = parsed.timestamp()
     return ts + 86_400 if end and len(text) == 10 else ts
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _none_if_blank(value: Any) -> Any:
@@ -165,6 +176,7 @@ class Inspector:
         rows = [
             [
                 r.session_id,
+                r.purpose,
                 r.task_id or "",
                 r.dataset or "",
                 r.harness or "",
@@ -172,9 +184,9 @@ class Inspector:
                 fmt_reward(r.reward),
                 r.num_turns,
                 "" if r.policy_version is None else r.policy_version,
-                r.run or "",
+                r.run or NO_RUN,
                 datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M:%S"),
-                "" if r.duration_s is None else round(r.duration_s, 2),
+                "" if r.duration_s is None else f"{r.duration_s:.2f}",
             ]
             for r in page.rows
         ]
@@ -186,9 +198,11 @@ class Inspector:
             [
                 {
                     "policy_version": r.policy_version,
-                    "mean_reward": r.mean_reward,
-                    "min_reward": r.min_reward,
-                    "max_reward": r.max_reward,
+                    # Rounded here: a mean over a few rollouts printed whole (0.0008229959187443814)
+                    # says nothing more and is hard to read.
+                    "mean_reward": _round(r.mean_reward),
+                    "min_reward": _round(r.min_reward),
+                    "max_reward": _round(r.max_reward),
                     "rollouts": r.rollouts,
                     "scored": r.scored,
                 }
@@ -220,6 +234,7 @@ def build_query(
     sort: str,
     page: float | None,
     page_size: float | None,
+    purpose: str | None = ALL,
 ) -> RolloutQuery:
     """The list's widgets -> a validated RolloutQuery; InvalidQuery names the bad widget."""
     if sort not in SORTS:
@@ -238,6 +253,7 @@ def build_query(
             created_from=parse_date(date_from, "created from"),
             created_to=parse_date(date_to, "created to", end=True),
             run=_none_if_blank(run),
+            purpose=_none_if_blank(purpose),
             sort=key,
             descending=descending,
             page=int(page or 1),
@@ -256,8 +272,8 @@ def create_inspector(
     insp = inspector or Inspector(store_url, decode=decode)
     with gr.Blocks(title="Harbor-RL trace inspector", analytics_enabled=False) as demo:
         gr.HTML(
-            f"{STYLE}<div class='hri'><h2>Harbor-RL trace inspector</h2>"
-            f"<p>store <code>{esc(redact(store_url))}</code> &middot; read-only</p></div>"
+            f"{STYLE}{LIST_STYLE}<div class='hri hri-head'><h2>Harbor-RL trace inspector</h2>"
+            f"<span>store <code>{esc(redact(store_url))}</code> &middot; read-only</span></div>"
         )
         with gr.Tabs(selected="list") as tabs:
             with gr.Tab("Rollouts", id="list"):
@@ -317,33 +333,76 @@ def create_inspector(
     return demo
 
 
+LIST_STYLE = """
+<style>
+/* The list page's first screen is the list: filters in one row, the rest folded away, compact rows. */
+#list-filters, #list-pager { gap: 8px; align-items: end; }
+#list-pager { align-items: center; }
+#list-info p { margin: 0; }
+#rollout-table .virtual-row, #rollout-table .body-cell .cell-wrap { min-height: 0; }
+#rollout-table .body-cell .cell-wrap { padding-top: 2px; padding-bottom: 2px; }
+#rollout-table .body-cell .cell-wrap > span { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+#rollout-table .header-cell .cell-wrap { min-height: 0; padding-top: 4px; padding-bottom: 4px; }
+#rollout-table .body-cell, #rollout-table .header-cell { font-size: 13px; line-height: 18px; }
+.hri-head { display: flex; gap: 12px; align-items: baseline; }
+.hri-head h2 { margin: 0; }
+</style>
+"""
+
+
 def _list_tab(insp: Inspector, demo: gr.Blocks) -> dict[str, Any]:
     choices = insp.filter_choices()
-    with gr.Row():
-        dataset = gr.Dropdown(choices["dataset"], value=ALL, label="Dataset", elem_id="f-dataset")
-        task = gr.Textbox(label="Task id contains", elem_id="f-task")
-        harness = gr.Dropdown(choices["harness"], value=ALL, label="Harness", elem_id="f-harness")
-        run = gr.Dropdown(choices["run"], value=ALL, label="Run", elem_id="f-run")
-    with gr.Row():
-        statuses = gr.CheckboxGroup(STATUSES, label="Status (none = all)", elem_id="f-status")
+    # The filters a user reaches for first, in one row; the rest folded below it, so the list's first
+    # screen (1400x900) shows 20 rows and more.
+    with gr.Row(equal_height=True, elem_id="list-filters"):
+        purpose = gr.Dropdown(
+            [ALL, *PURPOSES], value=ALL, label="Purpose", elem_id="f-purpose", scale=1, min_width=110
+        )
+        run = gr.Dropdown(choices["run"], value=ALL, label="Run", elem_id="f-run", scale=2, min_width=140)
+        dataset = gr.Dropdown(
+            choices["dataset"], value=ALL, label="Dataset", elem_id="f-dataset", scale=2, min_width=120
+        )
+        harness = gr.Dropdown(
+            choices["harness"], value=ALL, label="Harness", elem_id="f-harness", scale=2, min_width=120
+        )
+        task = gr.Textbox(label="Task id contains", elem_id="f-task", scale=2, min_width=120)
+        sort = gr.Dropdown(list(SORTS), value="newest first", label="Sort", elem_id="f-sort", scale=2)
+        search = gr.Button("Search", variant="primary", elem_id="search-btn", scale=1, min_width=80)
+    more = gr.Accordion(
+        "More filters: status, reward, policy version, dates", open=False, elem_id="more-filters"
+    )
+    with more, gr.Row():
+        statuses = gr.CheckboxGroup(STATUSES, label="Status (none = all)", elem_id="f-status", scale=3)
         # Textboxes, not gr.Number: an empty bound must mean "no bound", and Number sends 0.
-        reward_min = gr.Textbox(label="Reward from", elem_id="f-reward-min")
-        reward_max = gr.Textbox(label="Reward to", elem_id="f-reward-max")
-        pv_min = gr.Textbox(label="Policy version from", elem_id="f-pv-min")
-        pv_max = gr.Textbox(label="Policy version to", elem_id="f-pv-max")
-    with gr.Row():
-        date_from = gr.Textbox(label="Created from (YYYY-MM-DD, UTC)", elem_id="f-date-from")
-        date_to = gr.Textbox(label="Created to (YYYY-MM-DD, inclusive)", elem_id="f-date-to")
-        sort = gr.Dropdown(list(SORTS), value="newest first", label="Sort", elem_id="f-sort")
-        page_size = gr.Number(value=50, label="Per page", precision=0, minimum=1, maximum=500)
-        page = gr.Number(value=1, label="Page", precision=0, minimum=1, elem_id="f-page")
-    with gr.Row():
-        search = gr.Button("Search", variant="primary", elem_id="search-btn")
-        prev_btn = gr.Button("< Previous", elem_id="prev-btn")
-        next_btn = gr.Button("Next >", elem_id="next-btn")
-    info = gr.Markdown(elem_id="list-info")
+        reward_min = gr.Textbox(label="Reward from", elem_id="f-reward-min", min_width=90)
+        reward_max = gr.Textbox(label="Reward to", elem_id="f-reward-max", min_width=90)
+        pv_min = gr.Textbox(label="Policy version from", elem_id="f-pv-min", min_width=90)
+        pv_max = gr.Textbox(label="Policy version to", elem_id="f-pv-max", min_width=90)
+        date_from = gr.Textbox(label="Created from (YYYY-MM-DD, UTC)", elem_id="f-date-from", min_width=120)
+        date_to = gr.Textbox(label="Created to (YYYY-MM-DD, inclusive)", elem_id="f-date-to", min_width=120)
+    with gr.Row(equal_height=True, elem_id="list-pager"):
+        with gr.Column(scale=6):
+            info = gr.Markdown(elem_id="list-info")
+        prev_btn = gr.Button("< Previous", elem_id="prev-btn", size="sm", scale=1, min_width=90)
+        page = gr.Number(
+            value=1, label="Page", precision=0, minimum=1, elem_id="f-page", scale=1, min_width=70,
+            container=False,
+        )  # fmt: skip
+        next_btn = gr.Button("Next >", elem_id="next-btn", size="sm", scale=1, min_width=90)
+        page_size = gr.Dropdown(
+            [25, 50, 100, 200, 500], value=50, label="per page", elem_id="f-page-size", scale=1, min_width=80,
+            container=False,
+        )  # fmt: skip
     table = gr.Dataframe(
-        headers=LIST_COLUMNS, interactive=False, wrap=False, elem_id="rollout-table", max_height=640
+        headers=LIST_COLUMNS,
+        interactive=False,
+        wrap=False,
+        elem_id="rollout-table",
+        max_height=1200,
+        buttons=[],
+        # Every column in 1400 px: a rollout id (32 characters) is cut short with an ellipsis; the row
+        # opens the rollout, whose page shows the whole id.
+        column_widths=[LIST_WIDTHS[c] for c in LIST_COLUMNS],
     )
     ids = gr.State([])
     filters = [
@@ -359,13 +418,14 @@ def _list_tab(insp: Inspector, demo: gr.Blocks) -> dict[str, Any]:
         date_to,
         run,
         sort,
+        purpose,
     ]
 
     def refresh(*values: Any) -> tuple[Any, ...]:
-        *filter_values, page_no, size = values
+        *filter_values, purpose_value, page_no, size = values
         started = time.perf_counter()
         try:
-            query = build_query(*filter_values, page_no, size)
+            query = build_query(*filter_values, page_no, size, purpose=purpose_value)
             result = insp.page(query)
         except InspectorError as exc:
             return gr.skip(), gr.skip(), f"**Cannot list rollouts:** {exc}", gr.skip()
@@ -384,11 +444,17 @@ def _list_tab(insp: Inspector, demo: gr.Blocks) -> dict[str, Any]:
         return go
 
     outputs = [table, ids, info, page]
-    search.click(lambda *v: refresh(*v[:-2], 1, v[-1]), inputs=[*filters, page, page_size], outputs=outputs)
+
+    def first_page(*values: Any) -> tuple[Any, ...]:
+        """A new filter, order or page size starts at page 1."""
+        return refresh(*values[:-2], 1, values[-1])
+
+    search.click(first_page, inputs=[*filters, page, page_size], outputs=outputs)
     prev_btn.click(step(-1), inputs=[*filters, page, page_size], outputs=outputs)
     next_btn.click(step(+1), inputs=[*filters, page, page_size], outputs=outputs)
     page.submit(refresh, inputs=[*filters, page, page_size], outputs=outputs)
-    sort.change(lambda *v: refresh(*v[:-2], 1, v[-1]), inputs=[*filters, page, page_size], outputs=outputs)
+    for picker in (sort, purpose, run, dataset, harness, page_size):
+        picker.input(first_page, inputs=[*filters, page, page_size], outputs=outputs)
     demo.load(refresh, inputs=[*filters, page, page_size], outputs=outputs)
     return {"table": table, "ids": ids}
 

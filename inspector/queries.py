@@ -5,7 +5,11 @@ query per page, never a load of every session. Facts the sessions table keeps in
 SQLAlchemy's portable JSON paths (SQLite `json_extract`, PostgreSQL `->>`):
 
 - dataset: `metadata.rollout.split` (set by `harbor serve`), else `metadata.dataset`;
-- run: `metadata.rollout.metadata.run` (the rollout request's metadata), else `metadata.run`;
+- run: `metadata.rollout.metadata.run` (the rollout request's metadata: `harbor train` puts its run name,
+  `harbor eval` its job, `harbor collect` its output folder), else `metadata.run`, else the eval job of a
+  rollout stored before eval named its run;
+- purpose: `train` or `eval` as the session says, `collect` for an eval-purpose rollout that
+  `harbor collect` started (its request's metadata names the `collect` folder);
 - policy version: the policy version the engine reported for the rollout's first stored turn.
 """
 
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from sqlalchemy import ColumnElement, Engine, Select, func, select
+from sqlalchemy import ColumnElement, Engine, Select, case, func, select
 from sqlalchemy.orm import Session
 
 from capture_proxy.models import SessionStatus, TrainingTurn
@@ -31,6 +35,9 @@ from inspector.errors import RolloutNotFound
 NO_RUN = "(no run)"
 """How rollouts without a run name are grouped."""
 
+PURPOSES = ("train", "eval", "collect")
+"""What a rollout was for, as the list shows it (`purpose_expr`)."""
+
 SortKey = Literal["created_at", "reward", "num_turns", "task_id", "status", "duration", "policy_version"]
 
 
@@ -41,7 +48,12 @@ def _text(*paths: tuple[str, ...]) -> ColumnElement[Any]:
 
 
 dataset_expr = _text(("rollout", "split"), ("dataset",)).label("dataset")
-run_expr = _text(("rollout", "metadata", "run"), ("run",)).label("run")
+run_expr = _text(("rollout", "metadata", "run"), ("run",), ("rollout", "metadata", "eval_job")).label("run")
+purpose_expr = case(
+    (SessionRow.purpose == "train", "train"),
+    (SessionRow.meta[("rollout", "metadata", "collect")].as_string().is_not(None), "collect"),
+    else_=SessionRow.purpose,
+).label("purpose")
 policy_version_expr = (
     select(TurnRow.meta["policy_version"].as_integer())
     .where(TurnRow.session_id == SessionRow.session_id)
@@ -88,6 +100,8 @@ class RolloutQuery(BaseModel):
     """Creation time bounds, Unix seconds (from inclusive, to exclusive)."""
     run: str | None = None
     """Exact run name; NO_RUN selects rollouts without one."""
+    purpose: Literal["train", "eval", "collect"] | None = None
+    """What the rollouts were for (see PURPOSES)."""
     sort: SortKey = "created_at"
     descending: bool = True
     page: int = Field(default=1, ge=1)
@@ -115,6 +129,7 @@ class RolloutSummary:
     session_id: str
     status: str
     purpose: str
+    """train, eval or collect (PURPOSES)."""
     task_id: str | None
     dataset: str | None
     harness: str | None
@@ -186,6 +201,8 @@ def _where(query: RolloutQuery) -> list[ColumnElement[bool]]:
         clauses.append(SessionRow.created_at >= query.created_from)
     if query.created_to is not None:
         clauses.append(SessionRow.created_at < query.created_to)
+    if query.purpose:
+        clauses.append(purpose_expr == query.purpose)
     if query.run == NO_RUN:
         clauses.append(run_expr.is_(None))
     elif query.run:
@@ -196,7 +213,7 @@ def _where(query: RolloutQuery) -> list[ColumnElement[bool]]:
 _SUMMARY_COLUMNS = (
     SessionRow.session_id,
     SessionRow.status,
-    SessionRow.purpose,
+    purpose_expr,
     SessionRow.task_id,
     dataset_expr,
     SessionRow.harness,

@@ -111,9 +111,17 @@ def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
+def fmt_number(value: float) -> str:
+    """At most 4 decimals, trailing zeros dropped (1.0 -> `1`, 0.0008229959 -> `0.0008`); a non-zero
+    value that would round to 0 keeps its size in scientific notation (`3.1e-06`), never `0`."""
+    if value != 0 and abs(value) < 5e-5:
+        return f"{value:.1e}"
+    return f"{round(value, 4):.10g}"
+
+
 def fmt_reward(value: float | None) -> str:
     """None is unscoreable, and says so: it is never shown as 0."""
-    return "unscoreable" if value is None else f"{value:.4g}"
+    return "unscoreable" if value is None else fmt_number(value)
 
 
 def fmt_time(ts: float | None) -> str:

@@ -11,7 +11,12 @@ timings) is written with TraceStore.update_session, the same call the server mak
 from __future__ import annotations
 
 import calendar
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import openai
 import pytest
@@ -248,3 +253,66 @@ def add_text_session(
     )
     trace_store.add_turns([(session_id, 0, turn)])
     trace_store.update_session(session_id, status="completed", reward=1.0)
+
+
+# -- a real browser: headless Debian Chromium through Selenium -----------------------------------------
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium driven by Selenium, with a profile of its own that goes with it."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    profile = tempfile.mkdtemp(prefix="harbor-inspector-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def browser():
+    with chromium() as driver:
+        yield driver
+
+
+def wait_for(driver, condition, timeout: float = 30):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def load(driver, url: str, condition, attempts: int = 3, timeout: float = 30):
+    """Open `url` until `condition` holds, loading it again if it does not within `timeout`. A Docker
+    network or a network namespace made or removed meanwhile (other tests on the machine) changes the
+    interfaces, and Chromium drops the page's loads (ERR_NETWORK_CHANGED): the page stays blank."""
+    from selenium.common.exceptions import TimeoutException
+
+    for attempt in range(attempts):
+        driver.get(url)
+        try:
+            return wait_for(driver, condition, timeout)
+        except TimeoutException:
+            if attempt == attempts - 1:
+                raise
+    return None

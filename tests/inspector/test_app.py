@@ -110,6 +110,7 @@ def test_list_page_frame_and_run_rewards(inspector):
     frame = inspector.page_frame(page)
     assert list(frame["rollout"]) == ["r3", "r2", "r1"]
     assert list(frame["reward"]) == ["unscoreable", "1", "0.5"]
+    assert list(frame["purpose"]) == ["train", "train", "train"] and list(frame["run"])[0] == "run-x"
     assert page.pages == 2
     runs = inspector.run_frame("run-x")
     assert runs[["policy_version", "mean_reward", "rollouts", "scored"]].values.tolist() == [

@@ -8,8 +8,6 @@ and docs/screenshots/rollout.png, which the README shows.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,10 +18,8 @@ from engine.in_process import serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout
-from tests.inspector.conftest import add_text_session, tiny_tokenizer
+from tests.inspector.conftest import CHROMEDRIVER, CHROMIUM, add_text_session, load, tiny_tokenizer, wait_for
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 pytestmark = [
@@ -33,40 +29,6 @@ pytestmark = [
         reason="needs Debian chromium and chromium-driver (scripts/setup.sh installs them)",
     ),
 ]
-
-
-@pytest.fixture
-def browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    profile = tempfile.mkdtemp(prefix="harbor-inspector-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def _wait(driver, condition, timeout: float = 30):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
 
 
 def _full_page_screenshot(driver, path: Path, selector: str) -> None:
@@ -92,9 +54,12 @@ def test_list_then_rollout_page_shows_task_reward_and_mask_colours(real_rollouts
 
     app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect", decode=decode_token)
     with serve_in_thread(app) as url:
-        browser.get(f"{url}/inspect/")
         # The list: every rollout, newest first.
-        _wait(browser, lambda d: real_rollouts.agent in d.find_element(By.ID, "rollout-table").text)
+        load(
+            browser,
+            f"{url}/inspect/",
+            lambda d: real_rollouts.agent in d.find_element(By.ID, "rollout-table").text,
+        )
         table_text = browser.find_element(By.ID, "rollout-table").text
         for session_id in real_rollouts.ids:
             assert session_id in table_text
@@ -102,12 +67,22 @@ def test_list_then_rollout_page_shows_task_reward_and_mask_colours(real_rollouts
         assert "3 rollout(s) match" in browser.find_element(By.ID, "list-info").text
         _full_page_screenshot(browser, SCREENSHOTS / "list.png", "#rollout-table")
 
-        # Filter in the browser: reward >= 0.5 leaves the agent rollout only.
-        reward_min = browser.find_element(By.CSS_SELECTOR, "#f-reward-min textarea, #f-reward-min input")
+        # Filter in the browser: reward >= 0.5 leaves the agent rollout only (its box is folded away
+        # under "More filters" until opened).
+        browser.find_element(By.CSS_SELECTOR, "#more-filters button").click()
+        reward_min = wait_for(  # shown once the fold has opened
+            browser,
+            lambda d: (
+                (
+                    e := d.find_element(By.CSS_SELECTOR, "#f-reward-min textarea, #f-reward-min input")
+                ).is_displayed()
+                and e
+            ),
+        )
         reward_min.clear()
         reward_min.send_keys("0.5")
         browser.find_element(By.ID, "search-btn").click()
-        _wait(browser, lambda d: "1 rollout(s) match" in d.find_element(By.ID, "list-info").text)
+        wait_for(browser, lambda d: "1 rollout(s) match" in d.find_element(By.ID, "list-info").text)
         assert real_rollouts.failed not in browser.find_element(By.ID, "rollout-table").text
 
         # Open the rollout by clicking its row.
@@ -117,7 +92,7 @@ def test_list_then_rollout_page_shows_task_reward_and_mask_colours(real_rollouts
             if c.text.strip() == real_rollouts.agent
         )
         cell.click()
-        view = _wait(
+        view = wait_for(
             browser,
             lambda d: d.find_element(By.CSS_SELECTOR, f'.rollout[data-session-id="{real_rollouts.agent}"]'),
         )
@@ -167,7 +142,7 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
     app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect")
     with serve_in_thread(app) as url:
         browser.get(f"{url}/inspect/?rollout={real_rollouts.failed}")
-        view = _wait(
+        view = wait_for(
             browser,
             lambda d: d.find_element(By.CSS_SELECTOR, f'.rollout[data-session-id="{real_rollouts.failed}"]'),
         )
@@ -175,16 +150,16 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
         assert view.find_element(By.CSS_SELECTOR, ".summary .task-id").text == "builtin/fizzbuzz"
         # One turn's token view on its own (what long rollouts use past the page's token budget).
         browser.find_element(By.ID, "turn-btn").click()
-        single = _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
+        single = wait_for(browser, lambda d: d.find_element(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
         assert single.find_elements(By.CSS_SELECTOR, '.tok.m1[data-mask="1"]')
 
         next(
             b for b in browser.find_elements(By.CSS_SELECTOR, "button[role=tab]") if b.text == "Runs"
         ).click()
-        table = _wait(browser, lambda d: d.find_element(By.ID, "runs-table"))
+        table = wait_for(browser, lambda d: d.find_element(By.ID, "runs-table"))
         # Every run: policy version 3 (reward 1.0), version 4 (one 0.0, one unscoreable).
-        _wait(browser, lambda d: "policy_version" in table.text and "4" in table.text)
-        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
+        wait_for(browser, lambda d: "policy_version" in table.text and "4" in table.text)
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#runs-plot canvas, #runs-plot svg"))
 
 
 def test_harbor_serve_inspector_fills_the_table(browser, tmp_path, monkeypatch):
@@ -217,7 +192,7 @@ def test_harbor_serve_inspector_fills_the_table(browser, tmp_path, monkeypatch):
         for attempt in range(3):
             browser.get(f"{server.url}/inspect/")
             try:
-                _wait(browser, lambda d: rollout_id in d.find_element(By.ID, "rollout-table").text)
+                wait_for(browser, lambda d: rollout_id in d.find_element(By.ID, "rollout-table").text)
                 break
             except TimeoutException:
                 if attempt == 2:
@@ -253,8 +228,10 @@ def test_token_views_open_at_the_first_trained_token_with_the_models_token_text(
     app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
     with serve_in_thread(app) as url:
         browser.get(f"{url}/inspect/?rollout=long-context")
-        _wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, '.rollout[data-session-id="long-context"]'))
-        state = _wait(
+        wait_for(
+            browser, lambda d: d.find_element(By.CSS_SELECTOR, '.rollout[data-session-id="long-context"]')
+        )
+        state = wait_for(
             browser,
             lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-0 .tokens")) and s["visible"] and s,
         )
@@ -265,8 +242,8 @@ def test_token_views_open_at_the_first_trained_token_with_the_models_token_text(
 
         # One turn's tokens on their own open at the same place.
         browser.find_element(By.ID, "turn-btn").click()
-        _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
-        _wait(
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#turn-tokens #turn-tokens-0"))
+        wait_for(
             browser,
             lambda d: (s := d.execute_script(ANCHOR_IN_VIEW, "#turn-tokens-0 .tokens")) and s["visible"],
         )

@@ -229,3 +229,39 @@ def test_same_queries_on_postgresql_read_only():
         with cleanup.begin() as conn:
             conn.execute(text("DELETE FROM sessions WHERE session_id LIKE :p"), {"p": f"{run}-%"})
         cleanup.dispose()
+
+
+def test_purpose_is_train_eval_or_collect_and_every_run_is_named(synthetic_store):
+    """`harbor train` rollouts name their run; `harbor collect`'s are eval-purpose with a `collect`
+    folder; an eval rollout stored before eval named its run falls back to its eval job."""
+    rows = [
+        ("t", "train", {"run": "train-embedded"}),
+        ("e", "eval", {"eval_job": "job-1", "run": "job-1"}),
+        ("old", "eval", {"eval_job": "job-0"}),
+        ("c", "eval", {"collect": "/data/demos", "run": "demos"}),
+    ]
+    for i, (sid, purpose, inner) in enumerate(rows):
+        add_session(
+            synthetic_store,
+            sid,
+            created_at=T0 + i,
+            purpose=purpose,
+            metadata={"rollout": {"split": "s", "metadata": inner}},
+            status="completed",
+        )
+    engine = open_readonly(synthetic_store.url)
+    try:
+        page = list_rollouts(engine, RolloutQuery())
+        assert {r.session_id: (r.purpose, r.run) for r in page.rows} == {
+            "t": ("train", "train-embedded"),
+            "e": ("eval", "job-1"),
+            "old": ("eval", "job-0"),
+            "c": ("collect", "demos"),
+        }
+        assert ids(engine, purpose="collect") == ["c"]
+        assert ids(engine, purpose="eval") == ["old", "e"]
+        assert ids(engine, purpose="train") == ["t"]
+        assert ids(engine, run="job-0") == ["old"]
+        assert distinct_values(engine, "run") == ["demos", "job-0", "job-1", "train-embedded"]
+    finally:
+        engine.dispose()
