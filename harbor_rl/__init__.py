@@ -8,6 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
+
+def _version() -> str:
+    """The installed distribution's version; in a source tree that was never installed, pyproject's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("harbor-rl")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        try:
+            with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+                return str(tomllib.load(f)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "0+unknown"
+
+
+__version__ = _version()
+
 _PUBLIC = {
     "GRPOConfig": "harbor_rl.grpo_trainer",
     "GRPOTrainer": "harbor_rl.grpo_trainer",

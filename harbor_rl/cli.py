@@ -196,8 +196,23 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from harbor_rl import __version__
+
+        typer.echo(f"harbor-rl {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,  # before the other options, and without a command
+        help="Print harbor-rl's version and exit.",
+    ),
     debug: bool = typer.Option(
         False,
         DEBUG_FLAG,
