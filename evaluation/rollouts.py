@@ -95,9 +95,12 @@ class LocalHarbor:
         store_url: str | None = None,
         max_concurrent: int = 4,
         server_id: str | None = None,
+        expose: str = "none",
+        public_url: str | None = None,
     ) -> None:
         """`server_id`: the same for every run of one job, so a resumed run's server marks the sessions
-        a killed run left `running` as failed (a starting server fails only its own leftovers)."""
+        a killed run left `running` as failed (a starting server fails only its own leftovers).
+        `expose` / `public_url`: how E2B sandboxes reach the capture port, as `harbor serve`'s flags."""
         config = ServeConfig(
             datasets=[d.source for d in datasets.values()],
             llm_url=llm_url,
@@ -112,6 +115,8 @@ class LocalHarbor:
             max_concurrent_envs=max_concurrent,
             check_engine=False,
             server_id=server_id,
+            expose=expose,
+            public_url=public_url,
         )
         self.server = HarborServer(config, datasets=datasets)
         # A Ctrl-C is the run's (harbor_rl.interrupts cancels it, and __aexit__ stops this server); were

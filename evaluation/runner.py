@@ -207,6 +207,8 @@ async def run_eval(
     console: Console | None = None,
     datasets: Mapping[str, Dataset] | None = None,
     strict: bool = False,
+    expose: str = "none",
+    public_url: str | None = None,
 ) -> JobSummary:
     """Run (or resume) one job; returns its summary, also written to <job>/result.json. A task that
     cannot be loaded is listed and the others run (`strict`: the job is refused instead)."""
@@ -246,6 +248,8 @@ async def run_eval(
             store_url=store_url or job_store_url(job.root),
             max_concurrent=config.n_concurrent,
             server_id=job.server_id,
+            expose=expose,
+            public_url=public_url,
         ) as harbor:
             if harbor.leftovers_marked:
                 console.print(

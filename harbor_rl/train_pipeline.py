@@ -206,6 +206,12 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
         run = TrainRun(**run_data)
     except ValueError as exc:
         raise TrainerConfigError(f"invalid run settings: {exc}") from exc
+    if run.sandbox == "e2b" and run.server_url is None:  # the embedded server opens no tunnel
+        raise TrainerConfigError(
+            "E2B sandboxes reach the capture port only at a public URL, which the embedded server has none "
+            "of: start `harbor serve --sandbox e2b --expose cloudflare` (or --expose direct --public-url URL) "
+            "and pass --server-url and --llm-url"
+        )
     grpo = AsyncGRPOConfig.validated({k: v for k, v in data.items() if k not in run_keys})
     return run, grpo
 

@@ -318,8 +318,8 @@ class RolloutRunner:
             return normalize_engine_url(public)
         if backend_name == "e2b":
             raise BadRolloutRequest(
-                "e2b sandboxes need a public URL of the capture port: --expose cloudflare or gradio (a tunnel), "
-                "or --expose direct --public-url URL"
+                "e2b sandboxes need a public URL of the capture port, and this server has none: start harbor "
+                "serve with --expose cloudflare or gradio (a tunnel), or --expose direct --public-url URL"
             )
         return f"http://{sandbox.proxy_host}:{self.config.capture_port}/v1"
 

@@ -323,8 +323,8 @@ class RolloutManager:
         backend = self.backend(backend_name)
         if backend_name == "e2b" and self.config.public_url is None:
             raise BadRolloutRequest(
-                "e2b sandboxes need a public URL of the capture port: --expose cloudflare or gradio (a tunnel), "
-                "or --expose direct --public-url URL"
+                "e2b sandboxes need a public URL of the capture port, and this server has none: start harbor "
+                "serve with --expose cloudflare or gradio (a tunnel), or --expose direct --public-url URL"
             )
         llm_url, model = self._resolve_engine(request)
         if self.live_count >= self.config.max_concurrent_envs:

@@ -139,6 +139,13 @@ def collect_command(
     dataset = [env, *dataset] if env is not None else list(dataset)
     if not dataset and base_url is None:
         dataset = ["env-tasks"] if provider == "scripted" else ["builtin"]
+    if sandbox == "e2b" and base_url is None:  # the in-process server opens no tunnel (harbor serve does)
+        raise typer.BadParameter(
+            "E2B sandboxes reach the capture port only at a public URL, which the in-process server has "
+            "none of: start `harbor serve --sandbox e2b --expose cloudflare` (or --expose direct --public-url "
+            "URL) and pass its URL as --base-url",
+            param_hint="--sandbox e2b",
+        )
     # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
     config = CollectConfig(
         datasets=dataset,

@@ -20,6 +20,15 @@ def eval_command(
         help="nop, oracle, mini-swe-agent, opencode, claude-code, codex, qwen-code, env-factory.",
     ),
     sandbox: str = typer.Option("local", "--sandbox", help="local, docker or e2b."),
+    expose: str = typer.Option(
+        "none",
+        "--expose",
+        help="How E2B sandboxes reach this run's capture port, as harbor serve's --expose: direct (at "
+        "--public-url), cloudflare or gradio (a tunnel to this machine), or none.",
+    ),
+    public_url: str | None = typer.Option(
+        None, "--public-url", help="URL at which E2B sandboxes reach the capture port (with --expose direct)."
+    ),
     llm_url: str | None = typer.Option(
         None, "--llm-url", help="OpenAI-compatible base URL of the model (not needed for nop/oracle)."
     ),
@@ -99,6 +108,7 @@ def eval_command(
         return
     if harness is None:
         raise typer.BadParameter("give --harness (or --compare JOB1 JOB2)", param_hint="--harness")
+    _check_expose(sandbox, expose, public_url)
     # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
     config = EvalConfig(
         datasets=dataset,
@@ -126,6 +136,8 @@ def eval_command(
                 llm_api_key=llm_api_key,
                 console=console,
                 strict=strict,
+                expose=expose,
+                public_url=public_url,
             )
         )
     except KeyboardInterrupt:
@@ -138,6 +150,23 @@ def eval_command(
             "see the errors above"
         )
         raise typer.Exit(1)
+
+
+def _check_expose(sandbox: str, expose: str, public_url: str | None) -> None:
+    """What `harbor serve` checks of the same flags, said before any trial runs (the in-process server
+    would fail every E2B trial alike)."""
+    from harbor_server.tunnels import EXPOSE_MODES
+
+    if expose not in EXPOSE_MODES:
+        raise typer.BadParameter(
+            f"unknown value {expose!r}; choose one of {', '.join(EXPOSE_MODES)}", param_hint="--expose"
+        )
+    if sandbox == "e2b" and expose == "none" and public_url is None:
+        raise typer.BadParameter(
+            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
+            "cloudflare or --expose gradio (a tunnel to this machine), or --expose direct --public-url URL",
+            param_hint="--sandbox e2b",
+        )
 
 
 def sampling_of(temperature: float | None, max_tokens: int | None):
