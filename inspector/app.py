@@ -432,7 +432,7 @@ def _list_tab(insp: Inspector, demo: gr.Blocks) -> dict[str, Any]:
         took = (time.perf_counter() - started) * 1000
         shown = (
             f"{result.total} rollout(s) match of {count_rollouts(insp.engine)} &middot; page {result.page} of "
-            f"{result.pages} &middot; {took:.0f} ms &middot; click a row to open it"
+            f"{result.pages} ({result.page_size} a page) &middot; {took:.0f} ms &middot; click a row to open it"
         )
         return insp.page_frame(result), [r.session_id for r in result.rows], shown, result.page
 
