@@ -19,6 +19,14 @@ class EngineConfigError(EngineError):
     """The engine cannot be set up as configured (a missing GPU, ...)."""
 
 
+class VllmNotInstalled(EngineConfigError):
+    """`harbor engine --backend vllm`: the vLLM venv (scripts/vllm_env.sh) is missing or half-built."""
+
+
+class VllmStartError(EngineConfigError):
+    """`harbor engine --backend vllm`: vLLM exited, or did not answer /health in time, while starting."""
+
+
 class RequestError(EngineError):
     """A request the engine refuses; `status` and `err_type` follow vLLM's ErrorResponse."""
 

