@@ -18,6 +18,7 @@ What every command shares lives here, in `HarborGroup`:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import click
@@ -28,6 +29,11 @@ from harbor_rl.commands import bench, collect, engine, inspect, jobs, proxy, ser
 from harbor_rl.commands import eval as eval_cmd
 from harbor_rl.commands import train as train_cmd
 from harbor_rl.user_errors import user_error_message
+
+# The usage errors typer's parser raises: from its own copy of click (typer/_click, since typer 0.26) or
+# from click itself (older typer). Either way they are BadParameter's bases.
+UsageError = next(cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "UsageError")
+NoArgsIsHelpError = getattr(sys.modules[UsageError.__module__], "NoArgsIsHelpError", ())
 
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "HARBOR_DEBUG"
@@ -67,11 +73,16 @@ class HarborGroup(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         args, debug = _strip_debug(list(args))
-        args = _take_registry_flags(args)
         ctx.meta["harbor.debug"] = debug or _debug_requested()
         ctx.meta["harbor.command"] = self._command_path(args)
-        args = _rename_deprecated(args, ctx.meta["harbor.command"])
-        return super().parse_args(ctx, args)
+        try:
+            args = _take_registry_flags(args)
+            args = _rename_deprecated(args, ctx.meta["harbor.command"])
+            return super().parse_args(ctx, args)
+        except NoArgsIsHelpError:
+            raise
+        except UsageError as exc:
+            _usage_error(ctx, exc)
 
     def _command_path(self, args: list[str]) -> tuple[str, ...]:
         """`("eval",)` for `harbor eval ...`, `("tasks", "check")` for a command of a group."""
@@ -96,6 +107,10 @@ class HarborGroup(TyperGroup):
 
         try:
             return super().invoke(ctx)
+        except NoArgsIsHelpError:
+            raise  # typer shows the help
+        except UsageError as exc:  # a bad flag or value: one line, not typer's framed box
+            _usage_error(ctx, exc)
         except KeyboardInterrupt:  # from harbor_rl.interrupts, or Python's own handler (other commands)
             _interrupted(ctx)
         except Exception as exc:
@@ -120,6 +135,19 @@ class HarborGroup(TyperGroup):
 
 INTERRUPTIBLE = ("train", "eval", "collect", "serve")
 """The long commands whose Ctrl-C (and SIGTERM) `harbor_rl.interrupts` handles: one line, 128+signal."""
+
+
+def _usage_error(ctx: click.Context, exc: Exception) -> None:
+    """`harbor CMD: <what is wrong>; see harbor CMD --help`, exit 2 (click's code for a usage error)."""
+    from rich.markup import escape
+
+    where = getattr(getattr(exc, "ctx", None), "command_path", None)  # the (sub)command that refused it
+    command = where or " ".join(["harbor", *ctx.meta.get("harbor.command", ())])
+    message = " ".join(exc.format_message().split()).rstrip(".")  # one line, however it was wrapped
+    _stderr().print(
+        f"[bold red]{escape(command)}:[/] {escape(message)}; see {command} --help", highlight=False
+    )
+    raise typer.Exit(getattr(exc, "exit_code", 2))
 
 
 def _interrupted(ctx: click.Context) -> None:
@@ -160,7 +188,7 @@ def _take_registry_flags(args: list[str]) -> list[str]:
             continue
         if not sep:
             if i + 1 >= end:
-                raise click.UsageError(f"{name} needs a value")
+                raise UsageError(f"{name} needs a value")
             value, i = args[i + 1], i + 1
         # A relative file is relative to where the command was typed, whatever folder reads it later.
         os.environ[REGISTRY_FLAGS[name]] = os.path.abspath(value) if name == "--registry-path" else value

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -73,3 +74,25 @@ def test_version_flag_and_attribute():
         [sys.executable, "-m", "harbor_rl", "--version", "train"], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout) == (0, f"harbor-rl {harbor_rl.__version__}\n"), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "--bogus"], "harbor train: No such option: --bogus; see harbor train --help"),
+        (["bogus"], "harbor: No such command 'bogus'; see harbor --help"),
+        (
+            ["tasks", "check", "--bogus"],
+            "harbor tasks check: No such option: --bogus; see harbor tasks check --help",
+        ),
+        (["eval", "--registry-path"], "harbor eval: --registry-path needs a value; see harbor eval --help"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_command_and_its_help(args, expected):
+    """Typer's framed error box (a dozen lines at 80 columns) becomes one line, exit 2, no traceback."""
+    done = subprocess.run(
+        [sys.executable, "-m", "harbor_rl", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr.splitlines() == [expected]
