@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response, StreamingResponse
 
 from engine.protocol import (
+    MAX_TOP_LOGPROBS,
     POLICY_VERSION_HEADER,
     VLLM_ONLY_FIELDS,
     effective_temperature,
@@ -318,6 +319,8 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
             # vLLM 0.32 names the parameter and the served names (checked by tests/vllm_live).
             message = f"The model `{body.get('model')}` does not exist. Valid aliases: {cfg.model}."
             return error(404, message, "NotFoundError", "model")
+        if (refused := _sampling_refusal(body, endpoint)) is not None:
+            return error(400, *refused)
         if cfg.latency_s:
             await asyncio.sleep(cfg.latency_s)
         if (refused := _paused_refusal(app, cfg)) is not None:
@@ -543,6 +546,27 @@ def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
         shown = tid + 1 if (cfg.fail == "token_mismatch" and i == 0) else tid
         return token_id_string(shown)
     return decode_token(tid)
+
+
+def _sampling_refusal(body: dict, endpoint: str) -> tuple[str, str, str] | None:
+    """vLLM 0.32's 400 for a negative temperature or too many logprobs (vllm/sampling_params.py; the server
+    appends "(parameter=..., value=...)"; checked by tests/vllm_live): (message, type, param), or None."""
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and temperature < 0:
+        t = float(temperature)
+        return (
+            f"temperature must be non-negative, got {t}. (parameter=temperature, value={t})",
+            "BadRequestError",
+            "temperature",
+        )
+    asked = body.get("top_logprobs") if endpoint == "chat" else body.get("logprobs")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > MAX_TOP_LOGPROBS:
+        message = (
+            f"Requested sample logprobs of {asked}, which is greater than max allowed: {MAX_TOP_LOGPROBS} "
+            f"(parameter=logprobs, value={asked})"
+        )
+        return message, "BadRequestError", "logprobs"
+    return None
 
 
 def _alternative_gap(body: dict, cfg: ImitationSettings) -> float:

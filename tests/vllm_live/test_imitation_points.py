@@ -4,8 +4,7 @@ point against the live vLLM: the shapes the capture proxy reads must be vLLM's o
 Known differences, left as they are because the proxy never depends on them: vLLM 0.32 adds top-level
 `ec_transfer_params` and `metrics` to every reply (and `routed_experts` to a completion's choice,
 `system_fingerprint` to the usage chunk); the imitation answers `n` > 1 with one choice (the proxy refuses
-`n` != 1), does not check sampling ranges (vLLM: 400 for temperature < 0 or top_logprobs > 20), reports
-no stop_reason for a stop string and empty completion top_logprobs.
+`n` != 1), reports no stop_reason for a stop string and empty completion top_logprobs.
 """
 
 from __future__ import annotations
@@ -130,3 +129,18 @@ def test_the_embedded_engine_reports_vllms_logprobs(vllm, embedded, temperature)
     assert len(shared) >= 3, (real_alts, emb_alts)
     for token in shared:  # / 0.01 amplifies float32 rounding by 100
         assert emb_alts[token] == pytest.approx(real_alts[token], abs=2e-3 if temperature < 0.01 else 1e-4)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": USER, "temperature": -1}),
+        ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 50}),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}),
+    ],
+    ids=["negative-temperature", "top-logprobs-50", "completion-logprobs-21"],
+)
+def test_sampling_refusals(vllm, imitation, path, body):
+    real, imit = _both(vllm, imitation, path, body)
+    assert real.status_code == imit.status_code == 400
+    assert real.json() == imit.json()
