@@ -173,6 +173,10 @@ def register(app: typer.Typer) -> None:
         uvicorn.run(create_app(config), host=host, port=port, log_level=log_level)
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _serve_vllm(
     model: str, *, revision: str | None, seed: int, host: str, port: int, dtype: str, served_model_name: str,
     max_model_len: int | None, tool_call_parser: str, logprobs_mode: str, device: str,
@@ -210,7 +214,7 @@ def _serve_vllm(
     )
     # SIGTERM (harbor train's stop, systemd, docker stop) ends this process the way Ctrl-C does, so vLLM is
     # stopped in the `finally` below either way.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     process = vllm_backend.start(launch)
     try:
         took = vllm_backend.wait_until_healthy(

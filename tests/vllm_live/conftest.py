@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,17 +41,6 @@ class LiveVllm:
         return f"{self.url}/v1"
 
 
-def _group_rss_bytes(pgid: int) -> int:
-    """Resident memory of every process in vLLM's process group (API server, engine core, worker)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # field 5 of /proc/PID/stat, counted after the command name
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
-    return total
-
-
 def require_venv() -> None:
     try:
         vllm_backend.vllm_python()
@@ -56,33 +48,83 @@ def require_venv() -> None:
         pytest.skip(f"live vLLM tests need vLLM's CPU build: {exc}")
 
 
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _family(root: int) -> dict[int, str]:
+    """Every live descendant of `root`: pid -> its start time (so a reused pid is not taken for it)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if (fields := _stat(pid)) is not None:
+            found[pid] = fields[19]
+            todo += children.get(pid, [])
+    return found
+
+
+def _rss_bytes(pids) -> int:
+    return sum(int(f[21]) * os.sysconf("SC_PAGE_SIZE") for pid in pids if (f := _stat(pid)) is not None)
+
+
+def _alive(family: dict[int, str]) -> list[int]:
+    return [
+        pid
+        for pid, start in family.items()
+        if (f := _stat(pid)) is not None and f[19] == start and f[0] != "Z"
+    ]
+
+
 @contextlib.contextmanager
 def live_vllm(
     model_path: Path, name: str, log_dir: Path, logprobs_mode: str = "processed_logprobs"
 ) -> Iterator[LiveVllm]:
-    """vLLM serving `model_path` as `name` until the block ends; its log in `log_dir`/vllm.log."""
+    """`harbor engine --backend vllm` serving `model_path` as `name` until the block ends (its log in
+    `log_dir`/vllm.log); then SIGTERM, as harbor train stops its engine, and no vLLM process may be left."""
     require_venv()
-    launch = vllm_backend.VllmLaunch(
-        model_path=model_path, served_model_name=name, port=free_port(), logprobs_mode=logprobs_mode
-    )
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "harbor_rl", "engine", "--backend", "vllm", "--model", str(model_path),
+        "--served-model-name", name, "--port", str(port), "--logprobs-mode", logprobs_mode,
+    ]  # fmt: skip
     log_path = log_dir / "vllm.log"
+    url = f"http://127.0.0.1:{port}"
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        process = vllm_backend.start(launch, stdout=log, stderr=log)
+        cli = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     try:
         try:
-            took = vllm_backend.wait_until_healthy(process, launch.url, timeout_s=START_TIMEOUT_S)
+            took = vllm_backend.wait_until_healthy(cli, url, timeout_s=START_TIMEOUT_S)
         except VllmStartError as exc:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
             pytest.fail(f"{exc}\n{tail}")
-        rss = _group_rss_bytes(process.pid)
-        yield LiveVllm(launch.url, model_path, name, log_path)
+        family = _family(cli.pid)  # vLLM's API server, engine core and worker
+        rss = _rss_bytes(family)
+        yield LiveVllm(url, model_path, name, log_path)
         _TIMINGS.append(
             f"vLLM {name} ({logprobs_mode}): up in {took:.0f} s, {rss / 2**30:.1f} GiB resident after start, "
             f"{time.monotonic() - started - took:.0f} s of tests"
         )
     finally:
-        vllm_backend.stop(process)
+        cli.send_signal(signal.SIGTERM)
+        try:
+            cli.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+    deadline = time.monotonic() + 30
+    while _alive(family) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _alive(family) == [], f"vLLM processes left after harbor engine's SIGTERM: {_alive(family)}"
+    assert cli.returncode == 0, log_path.read_text(errors="replace")[-2000:]
 
 
 @pytest.fixture(scope="session")
