@@ -19,4 +19,5 @@ def test_a_train_session_below_the_floor_is_not_created_but_an_eval_session_is()
     body = {"llm_url": "http://127.0.0.1:1", "model": "tiny", "sampling": {"temperature": 0.001}}
     with pytest.raises(ValidationError, match="at least 0.01"):
         SessionCreate(**body)
-    SessionCreate(**body, purpose="eval")  # an eval samples as asked; vLLM's floor applies, nothing is trained
+    # An eval samples as asked (vLLM's floor applies there too), and nothing is trained on it.
+    SessionCreate(**body, purpose="eval")
