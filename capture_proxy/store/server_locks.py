@@ -11,17 +11,19 @@ cannot beat or release its successor's lock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from capture_proxy.errors import StoreError
 from capture_proxy.store.schema import ServerLockRow
 
-if TYPE_CHECKING:
-    from capture_proxy.store.store import TraceStore
+Transaction = Callable[..., AbstractContextManager[Session]]
+"""`TraceStore._transaction`: `transaction(write=...)` opens one transaction on the store's database."""
 
 _locks = ServerLockRow.__table__
 
@@ -44,20 +46,20 @@ class ServerLockRecord(BaseModel):
 
 
 class ServerLocks:
-    """The lock rows of one TraceStore (`store.server_locks`)."""
+    """The lock rows of one TraceStore (`store.server_locks`), through the store's own transactions."""
 
-    def __init__(self, store: TraceStore) -> None:
-        self._store = store
+    def __init__(self, transaction: Transaction) -> None:
+        self._transaction = transaction
 
     def get(self, server_id: str) -> ServerLockRecord | None:
-        with self._store._transaction(write=False) as s:
+        with self._transaction(write=False) as s:
             row = s.execute(select(_locks).where(_locks.c.server_id == server_id)).mappings().one_or_none()
         return None if row is None else ServerLockRecord.model_validate(dict(row))
 
     def claim(self, record: ServerLockRecord) -> bool:
         """Insert the lock when no row holds its id; False when one does (nothing written)."""
         try:
-            with self._store._transaction(write=True) as s:
+            with self._transaction(write=True) as s:
                 s.execute(insert(_locks).values(**record.model_dump()))
         except StoreError as exc:  # the store wraps driver errors; a taken key is an IntegrityError
             if isinstance(exc.__cause__, IntegrityError):
@@ -78,7 +80,7 @@ class ServerLocks:
             )
             .values(**new.model_dump(exclude={"server_id"}))
         )
-        with self._store._transaction(write=True) as s:
+        with self._transaction(write=True) as s:
             return s.execute(query).rowcount == 1
 
     def beat(self, server_id: str, token: str, now: float) -> bool:
@@ -88,11 +90,11 @@ class ServerLocks:
             .where(_locks.c.server_id == server_id, _locks.c.token == token)
             .values(heartbeat_at=now)
         )
-        with self._store._transaction(write=True) as s:
+        with self._transaction(write=True) as s:
             return s.execute(query).rowcount == 1
 
     def release(self, server_id: str, token: str) -> bool:
         """Delete the lock if `token` still holds it."""
         query = delete(_locks).where(_locks.c.server_id == server_id, _locks.c.token == token)
-        with self._store._transaction(write=True) as s:
+        with self._transaction(write=True) as s:
             return s.execute(query).rowcount == 1

@@ -212,7 +212,7 @@ class TraceStore:
     @property
     def server_locks(self) -> ServerLocks:
         """Which `harbor serve` holds which server id on this store (server_locks.py)."""
-        return ServerLocks(self)
+        return ServerLocks(self._transaction)
 
     @property
     def is_sqlite(self) -> bool:
