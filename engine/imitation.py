@@ -76,6 +76,9 @@ class ImitationSettings(BaseModel):
     every later prompt an extension of the earlier prompt + completion."""
     completion_tokens: int = 16
     """Tokens per completion, EOS included, unless `max_tokens` stops it first (finish_reason length)."""
+    excluded_tools: list[str] = Field(default_factory=list)
+    """Tools never called, unless nothing else is offered or `tool_choice` names one (a test keeps Claude
+    Code off ToolSearch, which changes the request's tool list from then on)."""
     latency_s: float = 0.0
     """Seconds before the first token (prefill)."""
     token_latency_s: float = 0.0
@@ -202,7 +205,11 @@ class _Completion:
                 name = (tool_choice.get("function") or {}).get("name")
                 tool = next((t for t in tools if (t.get("function") or {}).get("name") == name), tools[0])
             else:
-                tool = tools[seed % len(tools)]
+                callable_ = [
+                    t for t in tools if (t.get("function") or {}).get("name") not in settings.excluded_tools
+                ]
+                callable_ = callable_ or tools
+                tool = callable_[seed % len(callable_)]
             arguments = settings.tool_arguments
             if arguments is None:
                 arguments = _tool_arguments(tool)
