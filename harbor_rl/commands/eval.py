@@ -101,6 +101,7 @@ def eval_command(
     from evaluation.models import EvalConfig
     from evaluation.runner import run_eval
     from harbor_rl import interrupts
+    from harbor_rl.commands.serve import check_expose
 
     console = Console(stderr=True)
     if compare is not None:
@@ -108,7 +109,7 @@ def eval_command(
         return
     if harness is None:
         raise typer.BadParameter("give --harness (or --compare JOB1 JOB2)", param_hint="--harness")
-    _check_expose(sandbox, expose, public_url)
+    check_expose(sandbox, expose, public_url, capture_host_flag=False)
     # A ValidationError or an EvaluationError is one line through the CLI layer (harbor_rl.cli).
     config = EvalConfig(
         datasets=dataset,
@@ -150,23 +151,6 @@ def eval_command(
             "see the errors above"
         )
         raise typer.Exit(1)
-
-
-def _check_expose(sandbox: str, expose: str, public_url: str | None) -> None:
-    """What `harbor serve` checks of the same flags, said before any trial runs (the in-process server
-    would fail every E2B trial alike)."""
-    from harbor_server.tunnels import EXPOSE_MODES
-
-    if expose not in EXPOSE_MODES:
-        raise typer.BadParameter(
-            f"unknown value {expose!r}; choose one of {', '.join(EXPOSE_MODES)}", param_hint="--expose"
-        )
-    if sandbox == "e2b" and expose == "none" and public_url is None:
-        raise typer.BadParameter(
-            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
-            "cloudflare or --expose gradio (a tunnel to this machine), or --expose direct --public-url URL",
-            param_hint="--sandbox e2b",
-        )
 
 
 def sampling_of(temperature: float | None, max_tokens: int | None):

@@ -104,7 +104,6 @@ def serve(
 
     from harbor_rl import interrupts
     from harbor_server.config import ServeConfig
-    from harbor_server.tunnels import EXPOSE_MODES
 
     console = Console(stderr=True)
     values = {
@@ -130,18 +129,7 @@ def serve(
     }
     if max_concurrent is not None:
         values["max_concurrent_envs"] = max_concurrent
-    if expose not in EXPOSE_MODES:
-        raise typer.BadParameter(
-            f"unknown value {expose!r}; choose one of {', '.join(EXPOSE_MODES)}", param_hint="--expose"
-        )
-    if sandbox == "e2b" and expose == "none" and public_url is None:
-        # Said at start-up rather than by every rollout's failure: E2B sandboxes run remotely.
-        raise typer.BadParameter(
-            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
-            "cloudflare or --expose gradio (a tunnel to this machine), or --expose direct --public-url URL "
-            "(your own tunnel, or this machine's address with --capture-host 0.0.0.0)",
-            param_hint="--sandbox e2b",
-        )
+    check_expose(sandbox, expose, public_url, capture_host_flag=True)
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"choose one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     try:
@@ -323,3 +311,26 @@ def _print_engine(engine, config, console) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
+
+
+def check_expose(sandbox: str, expose: str, public_url: str | None, *, capture_host_flag: bool) -> None:
+    """`--expose` and E2B's need of a public URL, said at start-up rather than by every rollout's
+    failure (E2B sandboxes run remotely). `capture_host_flag`: the command has --capture-host."""
+    from harbor_server.tunnels import EXPOSE_MODES
+
+    if expose not in EXPOSE_MODES:
+        raise typer.BadParameter(
+            f"unknown value {expose!r}; choose one of {', '.join(EXPOSE_MODES)}", param_hint="--expose"
+        )
+    if sandbox == "e2b" and expose == "none" and public_url is None:
+        own = (
+            "your own tunnel, or this machine's address with --capture-host 0.0.0.0"
+            if capture_host_flag
+            else ""
+        )
+        raise typer.BadParameter(
+            "E2B sandboxes run remotely and reach the capture port only at a public URL: add --expose "
+            "cloudflare or --expose gradio (a tunnel to this machine), or --expose direct --public-url URL"
+            + (f" ({own})" if own else ""),
+            param_hint="--sandbox e2b",
+        )
