@@ -345,8 +345,11 @@ def test_the_guides_commands_serve_and_its_block_trains_against_them(tmp_path) -
             client.close()
         assert server.poll() is None
     trained = time.monotonic() - started
-    # Stopped as a user stops them (Ctrl-C): both exit 0, and the tunnel stopped with the server.
-    assert (server.returncode, engine.returncode) == (0, 0)
+    # Stopped as a user stops them (Ctrl-C): the server in order, with a shell's code for Ctrl-C (130,
+    # harbor_rl.interrupts) and its one "interrupted" line, the engine with 0, and the tunnel stopped
+    # with the server.
+    assert (server.returncode, engine.returncode) == (130, 0)
+    assert "harbor serve: interrupted" in (tmp_path / "serve.log").read_text()
     with pytest.raises(ProcessLookupError):
         os.kill(frpc, 0)
     serve_log = (tmp_path / "serve.log").read_text()
