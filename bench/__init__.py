@@ -166,6 +166,23 @@ KNOWN: tuple[Benchmark, ...] = (
     ),
     Benchmark("engine_throughput", "Embedded engine tokens/s at concurrency 1 and 16."),
     Benchmark(
+        "engines",
+        "The embedded engine and vLLM's CPU build on the tiny model, one after the other: start time, "
+        "memory, tokens/s by concurrency, time to first token, prefix cache (--quick: the embedded one).",
+        timeout_s=(300, 1800),
+        plots=(
+            Plot(
+                "engines_tokens_per_s.png",
+                "by concurrency",
+                "concurrency",
+                ("embedded tok/s", "vLLM tok/s"),
+                "completion tokens / s",
+                "Embedded engine vs vLLM's CPU build: tokens/s vs concurrency (tiny model)",
+                logx=True,
+            ),
+        ),
+    ),
+    Benchmark(
         "sandbox_lifecycle", "Sandbox start / exec / stop per backend, and concurrent Docker sandboxes."
     ),
     Benchmark(

@@ -1,6 +1,6 @@
 """Run the benchmark suite and write BENCHMARKS.md.
 
-    python -m bench [--quick] [--only NAME]... [--output BENCHMARKS.md] [--list]
+    python -m bench [--quick] [--only NAME]... [--output BENCHMARKS.md] [--merge] [--list]
 
 Each benchmark runs in its own process (through `bench._capture`, which records its rich tables),
 one after the other so they do not disturb each other; single-threaded ones are pinned to one core
@@ -9,7 +9,8 @@ past its time limit is reported in its section; the others still run. The report
 the machine, package versions, the exact command and every table each benchmark printed (ratios
 against its baseline measured in the same run), with PNG plots under `<output folder>/bench/plots/`.
 `--quick` leaves out benchmarks marked `in_quick=False` (the peers, which install venvs) unless named
-with `--only` or asked for with `--with-peers`.
+with `--only` or asked for with `--with-peers`. `--merge` writes only the benchmarks run into an
+existing report, each in place of its own section, so one benchmark's new run does not rewrite the rest.
 """
 
 from __future__ import annotations
@@ -257,24 +258,42 @@ def render(results: list[BenchResult], benches: dict[str, Benchmark], command: s
         out.append(f"| [{r.name}](#{r.name}) | {_cell(summary)} | {status(r)} | {r.seconds:.0f} |")
     out.append(f"| total | | | {sum(r.seconds for r in results):.0f} |")
     for r in results:
-        out += [
-            "",
-            f"## {r.name}",
-            "",
-            f"`{r.command}` ({status(r)}, {r.seconds:.0f} s). {benches[r.name].summary}",
-            "",
-        ]
-        if r.error:
-            out += [f"> {_cell(r.error)}", ""]
-        for table in r.tables:
-            if table["title"]:
-                out += [f"**{_cell(table['title'])}**", ""]
-            out += [markdown_table(table), ""]
-        if r.notes:
-            out += [*(f"- {_cell(n)}" for n in r.notes if n.strip()), ""]
-        for path, caption in r.plots:
-            out += [f"![{caption}]({path})", ""]
+        out += ["", *section(r, benches[r.name])]
     return "\n".join(out).rstrip() + "\n"
+
+
+def section(r: BenchResult, bench: Benchmark, ran: str = "") -> list[str]:
+    """One benchmark's `## NAME` section; `ran` says when and how, for a section merged into a report
+    of another run."""
+    out = [f"## {r.name}", "", f"`{r.command}` ({status(r)}, {r.seconds:.0f} s). {ran}{bench.summary}", ""]
+    if r.error:
+        out += [f"> {_cell(r.error)}", ""]
+    for table in r.tables:
+        if table["title"]:
+            out += [f"**{_cell(table['title'])}**", ""]
+        out += [markdown_table(table), ""]
+    if r.notes:
+        out += [*(f"- {_cell(n)}" for n in r.notes if n.strip()), ""]
+    for path, caption in r.plots:
+        out += [f"![{caption}]({path})", ""]
+    return out
+
+
+def merge(report: str, results: list[BenchResult], benches: dict[str, Benchmark], command: str,
+          started: dt.datetime, info: dict[str, str]) -> str:  # fmt: skip
+    """`report` with each result's generated section replaced, from its `## NAME` heading to the next
+    `##` or `###` heading (so the hand-written `### ...` notes under it stay), or added at the end.
+    The report's header, summary and other sections describe another run and are left as they are."""
+    ran = (f"Run apart from the suite above, as `{command}` on {started:%Y-%m-%d %H:%M} UTC, same machine, "
+           f"load average at start {info['load average at start']}. ")  # fmt: skip
+    for r in results:
+        new = "\n".join(section(r, benches[r.name], ran)).rstrip() + "\n\n"
+        found = re.search(rf"^## {re.escape(r.name)}\n.*?(?=^##+ |\Z)", report, re.M | re.S)
+        if found:
+            report = report[: found.start()] + new + report[found.end() :]
+        else:
+            report = report.rstrip() + "\n\n" + new
+    return report.rstrip() + "\n"
 
 
 def main() -> None:
@@ -289,6 +308,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--with-peers", action="store_true", help="with --quick, include the benchmarks --quick leaves out"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="put only these benchmarks' sections into the existing --output, leaving the rest of it as it is",
     )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args()
@@ -321,7 +345,10 @@ def main() -> None:
             results.append(result)
             print(f"=== {bench.name}: {status(result)} in {result.seconds:.0f} s", flush=True)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(results, benches, command, args.quick, started, info, pkgs))
+    if args.merge and output.exists():
+        output.write_text(merge(output.read_text(), results, benches, command, started, info))
+    else:
+        output.write_text(render(results, benches, command, args.quick, started, info, pkgs))
     print(f"\nwrote {output}")
     for r in results:
         print(f"  {r.name:20} {status(r):15} {r.seconds:6.0f} s")
