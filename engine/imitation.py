@@ -6,8 +6,10 @@ and its serving code produce it: top-level `prompt_token_ids` and per-choice `to
 `return_token_ids`, logprobs whose `token` reads `token_id:N` (the server's
 `--return-tokens-as-token-ids`), hermes-style tool calls, streamed chunks whose first carries the prompt
 ids and every later one its token-id delta, the trailing usage chunk of `stream_options.include_usage`,
-`data: [DONE]`, and `{"error": {...}}` bodies; and vLLM's RL control routes with their status codes
-and pause behaviour per release (`_add_rl_routes`; checked against both releases' own route code by
+`data: [DONE]`, and `{"error": {...}}` bodies; `n` choices, `stop` strings and `stop_token_ids` with
+vLLM's `stop_reason`, completion top logprobs, vLLM's 400s for bad sampling values (checked against the
+live server by tests/vllm_live/test_sampling_points.py); and vLLM's RL control routes with their status
+codes and pause behaviour per release (`_add_rl_routes`; checked against both releases' own route code by
 `tests/engine/test_vllm_conformance.py`). It can also send the policy version header the embedded
 engine sends (`x-policy-version`); `policy_version=None` sends none, as vLLM.
 
@@ -195,9 +197,13 @@ def _tool_arguments(tool: dict) -> str:
 class _Completion:
     """One sampled completion: its tokens, text, and how it maps onto chat deltas."""
 
-    def __init__(self, prompt_ids: list[int], body: dict, settings: ImitationSettings, tools: list | None):
+    def __init__(
+        self, prompt_ids: list[int], body: dict, settings: ImitationSettings, tools: list | None, index: int = 0
+    ):
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         seed = zlib.crc32(bytes(str(len(prompt_ids)), "ascii") + bytes(t % 256 for t in prompt_ids[-64:]))
+        seed += index * 7  # the choices of `n` > 1 differ; choice 0 is the one `n` = 1 gets
+        self.index = index
         tool_choice = body.get("tool_choice", "auto")
         self.tool: dict | None = None
         if tools and tool_choice != "none":
@@ -226,25 +232,60 @@ class _Completion:
             text = "".join(words)[: max(settings.completion_tokens - 1, 0) * settings.bytes_per_token]
         self.k = k = settings.bytes_per_token
         ids = [*encode(text, k), IM_END]
+        if k == 1:
+            texts = [chr(t - BYTE_OFFSET) for t in ids[:-1]]
+        else:
+            data = text.encode()
+            texts = [data[i : i + k].decode(errors="replace") for i in range(0, len(data), k)]
+        self._texts = [*texts, decode_token(IM_END)]
         self.finish_reason = "tool_calls" if self.tool else "stop"
-        if limit is not None and limit < len(ids):
-            ids = ids[:limit]
-            text = text[:limit] if k == 1 else text.encode()[: limit * k].decode(errors="ignore")
-            self.finish_reason = "length"
-            self.tool = None
-        self.ids = ids
+        self.stop_reason: str | int | None = None
+        end, text = self._stop(ids, body, limit, text)
+        if end < len(ids):
+            self.tool = None  # a cut tool call is text, as vLLM's hermes parser leaves it
+        self.ids = ids[:end]
+        self._texts = self._texts[:end]
         self.text = text
         self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
-        self._texts: list[str] | None = None
+
+    def _stop(self, ids: list[int], body: dict, limit: int | None, text: str) -> tuple[int, str]:
+        """Where the completion ends and its text, token by token as vLLM checks: the EOS or a
+        `stop_token_ids` id ends it with that token kept and its text left out, the `max_tokens`-th token
+        ends it (length), and a `stop` string completed by a token ends it there, the token kept and the
+        text cut before the string (vllm/v1/core/sched/utils.py check_stop, vllm/v1/engine/detokenizer.py)."""
+        stop_ids = set(body.get("stop_token_ids") or ())
+        stops = body.get("stop") or []
+        stops = [s for s in ([stops] if isinstance(stops, str) else stops) if s]
+        kept = ""
+        for i, tid in enumerate(ids):
+            if tid == IM_END:
+                return i + 1, kept
+            if tid in stop_ids:
+                self.finish_reason, self.stop_reason = "stop", tid
+                return i + 1, kept
+            kept += self._texts[i]
+            for stop in stops:  # in the request's order, as check_stop_strings tries them
+                at = kept.find(stop, max(len(kept) - len(self._texts[i]) - len(stop) + 1, 0))
+                if at >= 0:
+                    self.finish_reason, self.stop_reason = "stop", stop
+                    return i + 1, kept[:at]
+            if limit is not None and i + 1 >= limit:
+                self.finish_reason = "length"
+                return i + 1, kept
+        return len(ids), text
 
     def token_texts(self) -> list[str]:
-        if self.k == 1:
-            return [decode_token(t) if t == IM_END else chr(t - BYTE_OFFSET) for t in self.ids]
-        if self._texts is None:
-            data = self.text.encode()
-            texts = [data[i : i + self.k].decode(errors="replace") for i in range(0, len(data), self.k)]
-            self._texts = [*texts, decode_token(IM_END)][: len(self.ids)]
+        """Each token's text (the EOS's special text for the last when it ends the completion)."""
         return self._texts
+
+    def shown_texts(self) -> list[str]:
+        """Each token's share of the completion's text: what its streamed delta carries (a token left out
+        of the text, the EOS or a stop token, or cut by a stop string carries what is left of it)."""
+        shown, at = [], 0
+        for piece in self._texts:
+            shown.append(self.text[at : at + len(piece)])
+            at += len(shown[-1])
+        return shown
 
     def shown(self, i: int) -> str:
         """The decoded text of completion token i (a logprob entry's `bytes`)."""
@@ -335,14 +376,14 @@ def create_imitation_app(settings: ImitationSettings | None = None) -> FastAPI:
         await app.state.running.wait()  # paused: held, answered after /resume (vLLM's pause mode keep)
         prompt_ids = prompt_for(body, endpoint)
         tools = body.get("tools") if endpoint == "chat" else None
-        comp = _Completion(prompt_ids, body, cfg, tools)
+        comps = [_Completion(prompt_ids, body, cfg, tools, i) for i in range(int(body.get("n") or 1))]
         if body.get("stream"):
             gen = _chat_stream if endpoint == "chat" else _completion_stream
             return StreamingResponse(
-                gen(body, prompt_ids, comp, cfg), media_type="text/event-stream", headers=headers()
+                gen(body, prompt_ids, comps, cfg), media_type="text/event-stream", headers=headers()
             )
         make = _chat_response if endpoint == "chat" else _completion_response
-        content = orjson.dumps(make(body, prompt_ids, comp, cfg))
+        content = orjson.dumps(make(body, prompt_ids, comps, cfg))
         if cfg.fail == "cut":
             return _CutResponse(content, media_type="application/json", headers=headers())
         return Response(content, media_type="application/json", headers=headers())
@@ -555,17 +596,37 @@ def _token_string(tid: int, i: int, cfg: ImitationSettings) -> str:
     return decode_token(tid)
 
 
-def _sampling_refusal(body: dict, endpoint: str) -> tuple[str, str, str] | None:
-    """vLLM 0.32's 400 for a negative temperature or too many logprobs (vllm/sampling_params.py; the server
-    appends "(parameter=..., value=...)"; checked by tests/vllm_live): (message, type, param), or None."""
+_INT_FIELDS = ("n", "max_tokens", "max_completion_tokens", "top_k", "seed", "logprobs", "top_logprobs")
+
+
+def _sampling_refusal(body: dict, endpoint: str) -> tuple[str, str, str | None] | None:
+    """vLLM 0.32's 400s for sampling fields, in its order (checked by tests/vllm_live): a string that is no
+    integer where one is due (the request model's pydantic error, as the server's validation handler
+    words it, vllm/entrypoints/serve/exception_handling/handlers/validation.py), `n` < 1, then
+    SamplingParams._verify_args's temperature, top_p, max_tokens and logprobs checks (vllm/sampling_params.py;
+    the server appends "(parameter=..., value=...)"): (message, type, param), or None."""
+    for key in _INT_FIELDS:
+        value = body.get(key)
+        if isinstance(value, str) and not value.strip().lstrip("+-").isdigit():
+            error = {"type": "int_parsing", "loc": f"body.{key}", "input": value,
+                     "msg": "Input should be a valid integer, unable to parse string as an integer"}  # fmt: skip
+            error = {k: error[k] for k in ("type", "loc", "msg", "input")}  # pydantic's order
+            return f"1 validation error:\n  {error}", "Bad Request", f"body.{key}"
+    if isinstance(body.get("n"), int) and body["n"] < 1:
+        return f"n must be at least 1, got {body['n']}.", "BadRequestError", None
+
+    def refused(name: str, rule: str, value: float | int) -> tuple[str, str, str]:
+        return f"{name} must be {rule}, got {value}. (parameter={name}, value={value})", "BadRequestError", name
+
     temperature = body.get("temperature")
-    if isinstance(temperature, int | float) and temperature < 0:
-        t = float(temperature)
-        return (
-            f"temperature must be non-negative, got {t}. (parameter=temperature, value={t})",
-            "BadRequestError",
-            "temperature",
-        )
+    if isinstance(temperature, int | float) and not 0 <= temperature <= 2:
+        return refused("temperature", "non-negative" if temperature < 0 else "in [0, 2]", float(temperature))
+    top_p = body.get("top_p")
+    if isinstance(top_p, int | float) and not 0 < top_p <= 1:
+        return refused("top_p", "in (0, 1]", float(top_p))
+    max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), None)
+    if isinstance(max_tokens, int) and max_tokens < 1:
+        return refused("max_tokens", "at least 1", max_tokens)
     asked = body.get("top_logprobs") if endpoint == "chat" else body.get("logprobs")
     if isinstance(asked, int) and not isinstance(asked, bool) and asked > MAX_TOP_LOGPROBS:
         message = (
@@ -610,11 +671,23 @@ def _wants_logprobs(body: dict, cfg: ImitationSettings) -> bool:
     return bool(body.get("logprobs")) and cfg.fail != "no_logprobs"
 
 
-def _usage(prompt_ids: list[int], comp: _Completion) -> dict:
-    return usage(len(prompt_ids), len(comp.ids))
+def _usage(prompt_ids: list[int], comps: list[_Completion]) -> dict:
+    return usage(len(prompt_ids), sum(len(comp.ids) for comp in comps))
 
 
-def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings) -> dict:
+def _chat_response(
+    body: dict, prompt_ids: list[int], comps: list[_Completion], cfg: ImitationSettings
+) -> dict:
+    return {
+        "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(),
+        "model": cfg.model, "choices": [_chat_choice(body, comp, cfg) for comp in comps], "service_tier": None,
+        "system_fingerprint": None, "usage": _usage(prompt_ids, comps), "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if _wants_ids(body, cfg) else None, "prompt_text": None,
+        "kv_transfer_params": None,
+    }  # fmt: skip
+
+
+def _chat_choice(body: dict, comp: _Completion, cfg: ImitationSettings) -> dict:
     wants_ids = _wants_ids(body, cfg)
     message: dict[str, Any] = {
         "role": "assistant", "content": None if comp.tool else comp.text, "refusal": None, "annotations": None,
@@ -635,49 +708,59 @@ def _chat_response(body: dict, prompt_ids: list[int], comp: _Completion, cfg: Im
         logprobs = {
             "content": [_chat_logprob(t, i, cfg, top, comp.shown(i), gap) for i, t in enumerate(comp.ids)]
         }
-    choice = {
-        "index": 0, "message": message, "logprobs": logprobs, "finish_reason": comp.finish_reason,
-        "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
-    }  # fmt: skip
     return {
-        "id": new_id("chatcmpl"), "object": "chat.completion", "created": now(),
-        "model": cfg.model, "choices": [choice], "service_tier": None, "system_fingerprint": None,
-        "usage": _usage(prompt_ids, comp), "prompt_logprobs": None,
-        "prompt_token_ids": prompt_ids if wants_ids else None, "prompt_text": None, "kv_transfer_params": None,
+        "index": comp.index, "message": message, "logprobs": logprobs, "finish_reason": comp.finish_reason,
+        "stop_reason": comp.stop_reason, "token_ids": comp.ids if wants_ids else None, "routed_experts": None,
     }  # fmt: skip
 
 
 def _completion_logprobs(
-    comp: _Completion, cfg: ImitationSettings, start: int, end: int, offset: int
+    comp: _Completion, cfg: ImitationSettings, start: int, end: int, top: int, gap: float
 ) -> dict:
-    texts = comp.token_texts()[start:end]
-    offsets, o = [], offset
-    for t in texts:
-        offsets.append(o)
-        o += len(t) if t != decode_token(IM_END) else 0
+    """vLLM's CompletionLogProbs for tokens start..end (`_create_completion_logprobs`,
+    vllm/entrypoints/openai/completion/serving.py): each offset advances by the length of the token string
+    shown before it (`token_id:N` too, and across a stream's chunks), and each position's top_logprobs
+    holds the sampled token first, then the `logprobs` best alternatives."""
+    tokens = [_token_string(comp.ids[i], i, cfg) for i in range(start, end)]
+    offset = sum(len(_token_string(comp.ids[i], i, cfg)) for i in range(start))
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    tops = []
+    for i in range(start, end):
+        entry = _chat_logprob(comp.ids[i], i, cfg, top + 1, gap=gap)
+        tops.append({alt["token"]: alt["logprob"] for alt in entry["top_logprobs"]})
     return {
         "text_offset": offsets,
         "token_logprobs": [logprob_of(comp.ids[i], i) for i in range(start, end)],
-        "tokens": [_token_string(comp.ids[i], i, cfg) for i in range(start, end)],
-        "top_logprobs": [{} for _ in range(start, end)],
+        "tokens": tokens,
+        "top_logprobs": tops,
     }
 
 
+def _completion_finish(comp: _Completion) -> str:
+    return "stop" if comp.finish_reason == "tool_calls" else comp.finish_reason  # no tool parser here
+
+
 def _completion_response(
-    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+    body: dict, prompt_ids: list[int], comps: list[_Completion], cfg: ImitationSettings
 ) -> dict:
     wants_ids = _wants_ids(body, cfg)
-    logprobs = None
-    if body.get("logprobs") is not None and cfg.fail != "no_logprobs":
-        logprobs = _completion_logprobs(comp, cfg, 0, len(comp.ids), 0)
-    choice = {
-        "index": 0, "text": comp.text, "logprobs": logprobs, "finish_reason": comp.finish_reason if comp.finish_reason != "tool_calls" else "stop",
-        "stop_reason": None, "token_ids": comp.ids if wants_ids else None, "prompt_logprobs": None,
-        "prompt_token_ids": prompt_ids if wants_ids else None,
-    }  # fmt: skip
+    choices = []
+    for comp in comps:
+        logprobs = None
+        if body.get("logprobs") is not None and cfg.fail != "no_logprobs":
+            gap = _alternative_gap(body, cfg)
+            logprobs = _completion_logprobs(comp, cfg, 0, len(comp.ids), body["logprobs"], gap)
+        choices.append({
+            "index": comp.index, "text": comp.text, "logprobs": logprobs, "finish_reason": _completion_finish(comp),
+            "stop_reason": comp.stop_reason, "token_ids": comp.ids if wants_ids else None, "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids if wants_ids else None,
+        })  # fmt: skip
     return {
         "id": new_id("cmpl"), "object": "text_completion", "created": now(), "model": cfg.model,
-        "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt_ids, comp),
+        "choices": choices, "service_tier": None, "system_fingerprint": None, "usage": _usage(prompt_ids, comps),
         "kv_transfer_params": None,
     }  # fmt: skip
 
@@ -690,8 +773,8 @@ def _chat_deltas(comp: _Completion) -> Iterator[dict]:
     """The delta of each completion token, as vLLM's hermes tool parser streams them."""
     texts = comp.token_texts()
     if not comp.tool:
-        for i, t in enumerate(texts):
-            yield {"content": "" if comp.ids[i] == IM_END else t}
+        for shown in comp.shown_texts():
+            yield {"content": shown}
         return
     n_prefix = len(comp.prefix.encode())
     n_args = len(comp.tool["arguments"].encode())
@@ -744,97 +827,93 @@ async def _maybe_fail(cfg: ImitationSettings, sent: int) -> bytes | None:
 
 
 async def _chat_stream(
-    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+    body: dict, prompt_ids: list[int], comps: list[_Completion], cfg: ImitationSettings
 ) -> AsyncIterator[bytes]:
+    """vLLM's chat stream: each choice's role chunk (the first carries the prompt ids), then each
+    choice's tokens in turn (the order vLLM 0.32 sends `n` > 1 in), the usage chunk if asked, [DONE]."""
     rid, created = new_id("chatcmpl"), now()
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": cfg.model}
     wants_ids = _wants_ids(body, cfg)
     wants_lp = _wants_logprobs(body, cfg)
     top = body.get("top_logprobs") or 0
     gap = _alternative_gap(body, cfg)
-    first = {
-        "index": 0,
-        "delta": {"role": "assistant", "content": ""},
-        "logprobs": None,
-        "finish_reason": None,
-    }
     if cfg.fail == "cut" and cfg.fail_after_chunks == 0:
         raise ConnectionAbortedError("imitation: stream cut before the first event (injected failure)")
     # vLLM sets these fields explicitly and dumps chunks with `exclude_unset=True`, so its chunks keep
     # them when they are None: the first one's `prompt_token_ids` and `prompt_text`, every later one's
     # `token_ids` (vllm/entrypoints/openai/chat_completion/serving.py, chat_completion_stream_generator).
-    yield _event(
-        {
-            **head,
-            "choices": [first],
-            "prompt_token_ids": prompt_ids if wants_ids else None,
-            "prompt_text": None,
-        }
-    )
+    for comp in comps:
+        first = {"index": comp.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}  # fmt: skip
+        yield _event(
+            {**head, "choices": [first], "prompt_token_ids": prompt_ids if wants_ids else None, "prompt_text": None}
+        )
     sent = 1
-    for i, (tid, delta) in enumerate(zip(comp.ids, _chat_deltas(comp), strict=True)):
-        if (end := await _maybe_fail(cfg, sent)) is not None:
-            yield end
-            return
-        if cfg.token_latency_s:
-            await asyncio.sleep(cfg.token_latency_s)
-        last = i == len(comp.ids) - 1
-        choice: dict[str, Any] = {
-            "index": 0, "delta": delta,
-            "logprobs": {"content": [_chat_logprob(tid, i, cfg, top, comp.shown(i), gap)]} if wants_lp else None,
-            "finish_reason": comp.finish_reason if last else None,
-        }  # fmt: skip
-        if last:
-            choice["stop_reason"] = None
-        choice["token_ids"] = [tid] if wants_ids else None
-        yield _event({**head, "choices": [choice]})
-        sent += 1
+    for comp in comps:
+        for i, (tid, delta) in enumerate(zip(comp.ids, _chat_deltas(comp), strict=True)):
+            if (end := await _maybe_fail(cfg, sent)) is not None:
+                yield end
+                return
+            if cfg.token_latency_s:
+                await asyncio.sleep(cfg.token_latency_s)
+            last = i == len(comp.ids) - 1
+            choice: dict[str, Any] = {
+                "index": comp.index, "delta": delta,
+                "logprobs": {"content": [_chat_logprob(tid, i, cfg, top, comp.shown(i), gap)]} if wants_lp else None,
+                "finish_reason": comp.finish_reason if last else None,
+            }  # fmt: skip
+            if last:
+                choice["stop_reason"] = comp.stop_reason
+            choice["token_ids"] = [tid] if wants_ids else None
+            yield _event({**head, "choices": [choice]})
+            sent += 1
     if (body.get("stream_options") or {}).get("include_usage"):
         yield _event(
             {
                 **head,
                 "choices": [],
-                "usage": {k: v for k, v in _usage(prompt_ids, comp).items() if v is not None},
+                "usage": {k: v for k, v in _usage(prompt_ids, comps).items() if v is not None},
             }
         )
     yield b"data: [DONE]\n\n"
 
 
 async def _completion_stream(
-    body: dict, prompt_ids: list[int], comp: _Completion, cfg: ImitationSettings
+    body: dict, prompt_ids: list[int], comps: list[_Completion], cfg: ImitationSettings
 ) -> AsyncIterator[bytes]:
+    """vLLM's completion stream: each choice's tokens in turn, one a chunk; with `return_token_ids` every
+    chunk has `prompt_token_ids`, the ids in a choice's first and null after (completion/serving.py)."""
     rid, created = new_id("cmpl"), now()
     head = {"id": rid, "object": "text_completion", "created": created, "model": cfg.model}
     wants_ids = _wants_ids(body, cfg)
     wants_lp = body.get("logprobs") is not None and cfg.fail != "no_logprobs"
-    texts = comp.token_texts()
-    offset = 0
-    finish = comp.finish_reason if comp.finish_reason != "tool_calls" else "stop"
-    for i, tid in enumerate(comp.ids):
-        if (end := await _maybe_fail(cfg, i)) is not None:
-            yield end
-            return
-        if cfg.token_latency_s:
-            await asyncio.sleep(cfg.token_latency_s)
-        text = "" if tid == IM_END else texts[i]
-        last = i == len(comp.ids) - 1
-        choice: dict[str, Any] = {
-            "index": 0, "text": text,
-            "logprobs": _completion_logprobs(comp, cfg, i, i + 1, offset) if wants_lp else None,
-            "finish_reason": finish if last else None, "stop_reason": None,
-        }  # fmt: skip
-        if wants_ids:
-            if i == 0:
-                choice["prompt_token_ids"] = prompt_ids
-            choice["token_ids"] = [tid]
-        offset += len(text)
-        yield _event({**head, "choices": [choice], "usage": None})
+    gap = _alternative_gap(body, cfg)
+    sent = 0
+    for comp in comps:
+        for i, (tid, text) in enumerate(zip(comp.ids, comp.shown_texts(), strict=True)):
+            if (end := await _maybe_fail(cfg, sent)) is not None:
+                yield end
+                return
+            if cfg.token_latency_s:
+                await asyncio.sleep(cfg.token_latency_s)
+            last = i == len(comp.ids) - 1
+            choice: dict[str, Any] = {
+                "index": comp.index, "text": text,
+                "logprobs": _completion_logprobs(comp, cfg, i, i + 1, body.get("logprobs"), gap) if wants_lp else None,
+                "finish_reason": _completion_finish(comp) if last else None,
+                "stop_reason": comp.stop_reason if last else None,
+            }  # fmt: skip
+            if wants_ids:
+                choice["prompt_token_ids"] = prompt_ids if i == 0 else None
+                choice["token_ids"] = [tid]
+            yield _event({**head, "choices": [choice]})
+            sent += 1
     if (body.get("stream_options") or {}).get("include_usage"):
         yield _event(
             {
                 **head,
                 "choices": [],
-                "usage": {k: v for k, v in _usage(prompt_ids, comp).items() if v is not None},
+                "usage": {k: v for k, v in _usage(prompt_ids, comps).items() if v is not None},
             }
         )
     yield b"data: [DONE]\n\n"

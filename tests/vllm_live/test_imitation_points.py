@@ -3,8 +3,8 @@ point against the live vLLM: the shapes the capture proxy reads must be vLLM's o
 
 Known differences, left as they are because the proxy never depends on them: vLLM 0.32 adds top-level
 `ec_transfer_params` and `metrics` to every reply (and `routed_experts` to a completion's choice,
-`system_fingerprint` to the usage chunk); the imitation answers `n` > 1 with one choice (the proxy refuses
-`n` != 1), reports no stop_reason for a stop string and empty completion top_logprobs.
+`system_fingerprint` to the usage chunk). `n`, stops, top logprobs and the 400s for bad sampling values are
+compared in test_sampling_points.py.
 """
 
 from __future__ import annotations
