@@ -21,8 +21,16 @@ class Defaults(BaseModel):
 
 
 def _check_range(value: float | int | None, name: str, ok: bool, rule: str) -> None:
+    """vLLM's refusal (vllm/sampling_params.py, _verify_args; its server appends the parameter and value
+    where the check names them; tests/vllm_live/test_sampling_points.py compares them)."""
     if value is not None and not ok:
-        raise BadRequest(f"{name} must be {rule}, got {value}.", param=name)
+        if name not in _NAMED:
+            raise BadRequest(f"{name} must be {rule}, got {value}.", param=None if name == "n" else name)
+        raise BadRequest(f"{name} must be {rule}, got {value}. (parameter={name}, value={value})", param=name)
+
+
+_NAMED = ("temperature", "top_p", "max_tokens")
+"""The checks vLLM 0.32 raises with `parameter=` (the others' messages end at the value)."""
 
 
 def sampling_settings(
@@ -40,6 +48,7 @@ def sampling_settings(
     _check_range(
         req.temperature, "temperature", req.temperature is None or req.temperature >= 0, "non-negative"
     )
+    _check_range(req.temperature, "temperature", req.temperature is None or req.temperature <= 2, "in [0, 2]")
     _check_range(req.top_p, "top_p", req.top_p is None or 0 < req.top_p <= 1, "in (0, 1]")
     _check_range(
         req.top_k, "top_k", req.top_k is None or req.top_k >= -1, "-1 (disable), 0 (disable) or at least 1"
