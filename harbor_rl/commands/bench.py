@@ -19,7 +19,7 @@ CHECKOUT = Path(harbor_rl.__file__).resolve().parents[1]
 
 
 def suite_command(
-    quick: bool, only: list[str], with_peers: bool, output: Path | None, list_: bool
+    quick: bool, only: list[str], with_peers: bool, output: Path | None, list_: bool, merge: bool = False
 ) -> list[str]:
     """The `python -m bench` command line for these options (a relative --output taken from here)."""
     cmd = [sys.executable, "-m", "bench"]
@@ -28,6 +28,7 @@ def suite_command(
         cmd += ["--only", name]
     cmd += ["--with-peers"] if with_peers else []
     cmd += ["--output", str(output.resolve())] if output is not None else []
+    cmd += ["--merge"] if merge else []
     cmd += ["--list"] if list_ else []
     return cmd
 
@@ -41,6 +42,9 @@ def bench(
     output: Path | None = typer.Option(
         None, "--output", help="Where to write the report (default: BENCHMARKS.md in the checkout)."
     ),
+    merge: bool = typer.Option(
+        False, "--merge", help="Put only these benchmarks' sections into the existing report, the rest as it is."
+    ),
     list_: bool = typer.Option(False, "--list", help="List the benchmarks and exit."),
 ) -> None:
     """Run the benchmark suite and write BENCHMARKS.md (the same as `python -m bench`)."""
@@ -51,7 +55,7 @@ def bench(
             err=True,
         )
         raise typer.Exit(2)
-    cmd = suite_command(quick, only, with_peers, output, list_)
+    cmd = suite_command(quick, only, with_peers, output, list_, merge)
     raise typer.Exit(subprocess.call(cmd, cwd=CHECKOUT))
 
 
