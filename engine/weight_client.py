@@ -54,7 +54,7 @@ import httpcore
 import torch
 
 from engine.errors import WeightSyncError
-from engine.weight_transfer import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group, pack_plan
+from harbor_rl_vllm.wire import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group, pack_plan
 
 log = logging.getLogger(__name__)
 

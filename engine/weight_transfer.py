@@ -26,59 +26,28 @@ it never touches a default torch.distributed group the host process may own.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from engine.errors import BadRequest, WeightTransferError, WeightTransferStateError
 from engine.scheduler import BatchScheduler
+from harbor_rl_vllm import wire
+from harbor_rl_vllm.wire import DEFAULT_PACKED_BUFFER_SIZE_BYTES, gloo_group
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PACKED_BUFFER_SIZE_BYTES = 1024 * 1024 * 1024
-"""vLLM's (`packed_tensor.py`): both ends must cut the same chunks."""
 DEFAULT_PACKED_NUM_BUFFERS = 2
 
 
-def gloo_group(master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float):
-    """Join (rank 0: host) a gloo group of `world_size` over a fresh TCPStore."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, int(master_port), world_size, rank == 0, timeout=timeout)
-    return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-
-
 def torch_dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise BadRequest(f"update_info.dtype_names: unknown torch dtype {name!r}", param="update_info")
-    return dtype
-
-
-def _nbytes(dtype_name: str, shape: list[int]) -> int:
-    return torch.Size(shape).numel() * torch_dtype(dtype_name).itemsize
-
-
-def pack_plan(dtype_names: list[str], shapes: list[list[int]], buffer_size_bytes: int) -> list[list[int]]:
-    """Group tensor indices into broadcast buffers the way vLLM's `pack_tensors` does: add tensors until
-    the running size exceeds `buffer_size_bytes`, then close the chunk (the tensor that crossed the line
-    is in it). Trainer and engine derive the same plan from the same update_info."""
-    chunks: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, (dtype_name, shape) in enumerate(zip(dtype_names, shapes, strict=True)):
-        current.append(i)
-        used += _nbytes(dtype_name, shape)
-        if used > buffer_size_bytes:
-            chunks.append(current)
-            current, used = [], 0
-    if current:
-        chunks.append(current)
-    return chunks
+    try:
+        return wire.torch_dtype(name)
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="update_info") from None
 
 
 class _WireModel(BaseModel):
@@ -129,23 +98,15 @@ class UpdateInfo(_WireModel):
         return self
 
 
-def receive_tensors(group, info: UpdateInfo, wire: InitInfo) -> list[torch.Tensor]:
+def receive_tensors(group, info: UpdateInfo, wire_info: InitInfo) -> list[torch.Tensor]:
     """Receive every tensor the trainer broadcasts for `info`, in order (packed or one by one, as the
-    init handshake agreed)."""
-    if not wire.packed:
-        tensors = []
-        for dtype, shape in zip(info.dtype_names, info.shapes, strict=True):
-            tensor = torch.empty(shape, dtype=torch_dtype(dtype))
-            group.broadcast(tensor, 0).wait()
-            tensors.append(tensor)
-        return tensors
+    init handshake agreed), each a tensor of its own (staged until the finish)."""
     tensors: list[torch.Tensor] = [torch.empty(0)] * len(info.names)
-    for chunk in pack_plan(info.dtype_names, info.shapes, wire.packed_buffer_size_bytes):
-        sizes = [_nbytes(info.dtype_names[i], info.shapes[i]) for i in chunk]
-        buffer = torch.empty(sum(sizes), dtype=torch.uint8)
-        group.broadcast(buffer, 0).wait()
-        for i, part in zip(chunk, torch.split(buffer, sizes), strict=True):
-            tensors[i] = part.view(torch_dtype(info.dtype_names[i])).reshape(info.shapes[i]).clone()
+    received = wire.receive(
+        group, info.dtype_names, info.shapes, wire_info.packed, wire_info.packed_buffer_size_bytes
+    )
+    for i, tensor in received:
+        tensors[i] = tensor.clone() if wire_info.packed else tensor  # a packed part is a view of its buffer
     return tensors
 
 

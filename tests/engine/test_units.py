@@ -10,7 +10,7 @@ import torch
 from engine.chat import parse_tool_calls, validate_tools
 from engine.errors import BadRequest
 from engine.sampling import SamplingSettings, processed_logprobs
-from engine.weight_transfer import pack_plan
+from harbor_rl_vllm.wire import pack_plan
 
 
 def test_parse_tool_calls_like_vllm_hermes():

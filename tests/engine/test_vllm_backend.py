@@ -3,6 +3,7 @@ each workaround, overridable), and its one-line refusals. tests/vllm_live starts
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,15 +12,16 @@ from pathlib import Path
 import pytest
 
 from engine.errors import VllmNotInstalled
-from engine.vllm_backend import STAMP, VllmLaunch, default_venv, vllm_python
+from engine.vllm_backend import PLUGIN_STAMP, STAMP, VllmLaunch, default_venv, plugin_source_hash, vllm_python
 
 
 @pytest.fixture
 def venv(tmp_path) -> Path:
-    """A venv-shaped folder: bin/python and the stamp scripts/vllm_env.sh writes when it is done."""
+    """A venv-shaped folder: bin/python and the stamps scripts/vllm_env.sh writes when it is done."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").write_text("")
     (tmp_path / STAMP).write_text("x")
+    (tmp_path / PLUGIN_STAMP).write_text(plugin_source_hash())
     return tmp_path
 
 
@@ -29,7 +31,8 @@ def _value(argv: list[str], flag: str) -> str:
 
 def test_the_command_line_has_the_guides_flags_and_the_workarounds(venv):
     argv = VllmLaunch(model_path=Path("/models/tiny"), served_model_name="tiny", port=8123, venv=venv).argv()
-    assert argv[:3] == [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+    # -P: a checkout in the working directory must not shadow the venv's modules (its harbor_rl_vllm)
+    assert argv[:4] == [str(venv / "bin" / "python"), "-P", "-m", "vllm.entrypoints.openai.api_server"]
     assert "serve" not in argv  # `vllm serve` fails on the CPU build's distribution name
     assert (_value(argv, "--model"), _value(argv, "--served-model-name"), _value(argv, "--port")) == (
         "/models/tiny", "tiny", "8123",
@@ -39,13 +42,17 @@ def test_the_command_line_has_the_guides_flags_and_the_workarounds(venv):
     assert "--no-enable-chunked-prefill" in argv
     assert _value(argv, "--dtype") == "float32"  # vLLM's auto would serve a float32 model in bfloat16
     assert int(_value(argv, "--kv-cache-memory-bytes")) == 1 << 30
+    # the project's plugin (harbor_rl_vllm) adds gloo; vLLM's own backends need NCCL
+    assert json.loads(_value(argv, "--weight-transfer-config")) == {"backend": "gloo"}
 
 
 def test_the_users_own_flags_replace_the_workarounds(venv):
-    extra = ["--enable-chunked-prefill", "--gpu-memory-utilization", "0.3", "--enforce-eager"]
+    extra = ["--enable-chunked-prefill", "--gpu-memory-utilization", "0.3", "--enforce-eager",
+             "--weight-transfer-config", '{"backend":"nccl"}']  # fmt: skip
     launch = VllmLaunch(Path("/m"), "m", dtype="bfloat16", max_model_len=2048, extra=extra, venv=venv)
     argv = launch.argv()
     assert "--no-enable-chunked-prefill" not in argv and "--kv-cache-memory-bytes" not in argv
+    assert argv.count("--weight-transfer-config") == 1
     assert argv[-len(extra) :] == extra
     assert _value(argv, "--dtype") == "bfloat16" and _value(argv, "--max-model-len") == "2048"
 
@@ -66,6 +73,12 @@ def test_a_missing_or_half_built_venv_names_the_set_up_command(tmp_path, monkeyp
     (tmp_path / "half" / "bin").mkdir(parents=True)
     (tmp_path / "half" / "bin" / "python").write_text("")
     with pytest.raises(VllmNotInstalled, match="is not finished"):
+        vllm_python(tmp_path / "half")
+    (tmp_path / "half" / STAMP).write_text("x")
+    with pytest.raises(VllmNotInstalled, match="lacks the project's plugin"):
+        vllm_python(tmp_path / "half")
+    (tmp_path / "half" / PLUGIN_STAMP).write_text("an older plugin")
+    with pytest.raises(VllmNotInstalled, match="older copy of harbor_rl_vllm"):
         vllm_python(tmp_path / "half")
 
 

@@ -23,7 +23,8 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient
 from engine.imitation import ImitationSettings, create_imitation_app
 from engine.in_process import serve_in_thread
 from engine.weight_client import GlooTransport, Plan, WeightSyncClient, _free_port
-from engine.weight_transfer import InitInfo, UpdateInfo, pack_plan
+from engine.weight_transfer import InitInfo, UpdateInfo
+from harbor_rl_vllm.wire import pack_plan
 from tests.vllm.loader import load_release
 from tests.vllm.server import VllmServer
 from tests.vllm.wheels import RELEASES
