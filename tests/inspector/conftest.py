@@ -296,6 +296,20 @@ def browser():
         yield driver
 
 
+@contextlib.contextmanager
+def served(app: Any, driver: Any) -> Iterator[str]:
+    """Serve `app` (serve_in_thread) for `driver`, and close the page before the server stops. Gradio's
+    page holds a request open (its queue's event stream), and uvicorn waits for open requests when it
+    stops: serve_in_thread gave up only at its 30 s join, which was most of each browser test's time."""
+    from engine.in_process import serve_in_thread
+
+    with serve_in_thread(app) as url:
+        try:
+            yield url
+        finally:
+            driver.get("about:blank")
+
+
 def wait_for(driver, condition, timeout: float = 30):
     from selenium.webdriver.support.ui import WebDriverWait
 

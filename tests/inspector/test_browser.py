@@ -14,11 +14,18 @@ import pytest
 from fastapi import FastAPI
 
 from engine.imitation import decode_token
-from engine.in_process import serve_in_thread
 from inspector.app import mount_inspector
 from inspector.db import open_readonly
 from inspector.queries import load_rollout
-from tests.inspector.conftest import CHROMEDRIVER, CHROMIUM, add_text_session, load, tiny_tokenizer, wait_for
+from tests.inspector.conftest import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    add_text_session,
+    load,
+    served,
+    tiny_tokenizer,
+    wait_for,
+)
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
@@ -53,7 +60,7 @@ def test_list_then_rollout_page_shows_task_reward_and_mask_colours(real_rollouts
     prompt_len = len(first.prompt_token_ids)
 
     app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect", decode=decode_token)
-    with serve_in_thread(app) as url:
+    with served(app, browser) as url:
         # The list: every rollout, newest first.
         load(
             browser,
@@ -140,7 +147,7 @@ def test_deep_link_opens_a_rollout_and_runs_tab_plots_reward_over_policy_version
     from selenium.webdriver.common.by import By
 
     app = mount_inspector(FastAPI(), real_rollouts.store_url, "/inspect")
-    with serve_in_thread(app) as url:
+    with served(app, browser) as url:
         browser.get(f"{url}/inspect/?rollout={real_rollouts.failed}")
         view = wait_for(
             browser,
@@ -226,7 +233,7 @@ def test_token_views_open_at_the_first_trained_token_with_the_models_token_text(
     first_text = tok.decode([completion[0]], skip_special_tokens=False)
 
     app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
-    with serve_in_thread(app) as url:
+    with served(app, browser) as url:
         browser.get(f"{url}/inspect/?rollout=long-context")
         wait_for(
             browser, lambda d: d.find_element(By.CSS_SELECTOR, '.rollout[data-session-id="long-context"]')

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 
-from engine.in_process import serve_in_thread
 from inspector.app import mount_inspector
-from tests.inspector.conftest import CHROMEDRIVER, CHROMIUM, T0, add_session, load, wait_for
+from tests.inspector.conftest import CHROMEDRIVER, CHROMIUM, T0, add_session, load, served, wait_for
 
 pytestmark = pytest.mark.skipif(
     not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
@@ -54,7 +53,7 @@ def save_list_screenshot(store_url: str, path: Path) -> None:
     """A screenshot of the list's first screen on the store at `store_url` (what docs/images shows)."""
     from tests.inspector.conftest import chromium
 
-    with chromium() as driver, serve_in_thread(mount_inspector(FastAPI(), store_url, "/inspect")) as url:
+    with chromium() as driver, served(mount_inspector(FastAPI(), store_url, "/inspect"), driver) as url:
         show_list(driver, f"{url}/inspect/")
         path.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(path))
@@ -93,7 +92,7 @@ def test_first_screen_shows_20_rows_with_purpose_run_and_short_numbers(synthetic
 
     counts = mixed_store(synthetic_store)
     app = mount_inspector(FastAPI(), synthetic_store.url, "/inspect")
-    with serve_in_thread(app) as url:
+    with served(app, browser) as url:
         show_list(browser, f"{url}/inspect/")
         browser.save_screenshot(str(tmp_path / "list.png"))
         rows = browser.execute_script(VISIBLE_ROWS)
