@@ -83,6 +83,8 @@ class Level:
     tokens: int
     seconds: float
     ttft_ms: list[float]
+    bursts: int
+    """Streams delivered in one burst: the first token arrived within the last tenth of the stream."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -107,6 +109,8 @@ class EngineRun:
     """The machine's 1-minute load average when this engine was started: what else shared the cores."""
     runs_on: str = ""
     """Where it runs the model: threads and cores."""
+    one_token_ms: float = 0.0
+    """A short prompt's non-streamed one-token request, p50."""
     prefix_cold_ms: float = 0.0
     prefix_warm_ms: float = 0.0
 
@@ -232,11 +236,12 @@ def prompt(i: int, length: int, salt: int = 0) -> list[int]:
     return [PROMPT_IDS[(7919 * (i + 1) + 104729 * salt + 31 * k * k + k) % span] for k in range(length)]
 
 
-async def streamed(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int, float]:
-    """One streamed completion: (completion tokens from the usage chunk, ms to the first token)."""
+async def streamed(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int, float, float]:
+    """One streamed completion: (completion tokens from the usage chunk, ms to the first token's chunk,
+    ms to the last token's). A chunk with a choice carries a token, its text empty or not (vLLM holds
+    back the text of a token that ends inside a UTF-8 character)."""
     start = time.perf_counter()
-    first_ms = None
-    tokens = None
+    first_ms = last_ms = tokens = None
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         if response.status_code != 200:
@@ -245,13 +250,14 @@ async def streamed(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if first_ms is None and any(c.get("text") for c in chunk.get("choices", ())):
-                first_ms = (time.perf_counter() - start) * 1000
+            if chunk.get("choices"):
+                last_ms = (time.perf_counter() - start) * 1000
+                first_ms = last_ms if first_ms is None else first_ms
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    if tokens is None or first_ms is None:
+    if tokens is None or first_ms is None or last_ms is None:
         raise RuntimeError(f"a streamed completion without {'usage' if tokens is None else 'a token'}")
-    return tokens, first_ms
+    return tokens, first_ms, last_ms
 
 
 async def level(url: str, plan: Plan, concurrency: int, requests: int) -> Level:
@@ -259,50 +265,58 @@ async def level(url: str, plan: Plan, concurrency: int, requests: int) -> Level:
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
         queue.put_nowait(i)
-    tokens, ttft = 0, []
+    tokens, ttft, bursts = 0, [], 0
 
     async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal tokens
+        nonlocal tokens, bursts
         while not queue.empty():
             i = queue.get_nowait()
             body = {"model": MODEL, "prompt": prompt(i, plan.prompt_tokens), "max_tokens": plan.max_tokens,
                     "temperature": 1.0, "seed": i, "ignore_eos": True}  # fmt: skip
-            got, first_ms = await streamed(client, url, body)
+            got, first_ms, last_ms = await streamed(client, url, body)
             tokens += got
             ttft.append(first_ms)
+            # the whole reply in one burst: its first token came with the last tenth of the stream
+            bursts += first_ms >= 0.9 * last_ms
 
     async with agent_clients(concurrency, timeout_s=600) as clients:
         start = time.perf_counter()
         await asyncio.gather(*(worker(c) for c in clients))
         seconds = time.perf_counter() - start
-    return Level(concurrency, requests, tokens, seconds, ttft)
+    return Level(concurrency, requests, tokens, seconds, ttft, bursts)
 
 
-async def prefix_cache(url: str, plan: Plan) -> tuple[float, float]:
-    """(ms for a long prompt neither engine has seen, median ms for the same prompt again), one token each."""
+async def one_token_ms(client: httpx.AsyncClient, url: str, ids: list[int]) -> float:
+    """Milliseconds for a non-streamed completion of one token: prefill and the first token, and what
+    an engine adds around them, without the streamed reply's delivery."""
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "seed": 0}
+    start = time.perf_counter()
+    response = await client.post(f"{url}/v1/completions", json=body)
+    response.raise_for_status()
+    return (time.perf_counter() - start) * 1000
 
-    async def once(client: httpx.AsyncClient, salt: int) -> float:
-        body = {"model": MODEL, "prompt": prompt(0, plan.long_prompt_tokens, salt), "max_tokens": 1,
-                "temperature": 1.0, "seed": 0}  # fmt: skip
-        start = time.perf_counter()
-        response = await client.post(f"{url}/v1/completions", json=body)
-        response.raise_for_status()
-        return (time.perf_counter() - start) * 1000
 
+async def latencies(url: str, plan: Plan, run: EngineRun) -> None:
+    """One-token requests one at a time: short prompts neither engine has seen (p50 of 8), then the
+    prefix cache: a long prompt the first time and the same prompt again (median of 5)."""
     async with httpx.AsyncClient(timeout=600) as client:
-        await once(client, salt=1)  # a first long prompt of this shape (vLLM's CPU kernels warm up on it)
-        cold = await once(client, salt=2)
-        warm = [await once(client, salt=2) for _ in range(5)]
-    return cold, statistics.median(warm)
+        short = [await one_token_ms(client, url, prompt(i, plan.prompt_tokens, salt=3)) for i in range(8)]
+        run.one_token_ms = statistics.median(short)
+        await one_token_ms(client, url, prompt(0, plan.long_prompt_tokens, salt=1))  # this shape's first
+        run.prefix_cold_ms = await one_token_ms(client, url, prompt(0, plan.long_prompt_tokens, salt=2))
+        again = [
+            await one_token_ms(client, url, prompt(0, plan.long_prompt_tokens, salt=2)) for _ in range(5)
+        ]
+        run.prefix_warm_ms = statistics.median(again)
 
 
 async def load(url: str, plan: Plan, run: EngineRun) -> None:
     async with agent_clients(2, timeout_s=600) as clients:  # warm-up: both engines' first requests
-        await asyncio.gather(*(streamed(c, url, {"model": MODEL, "prompt": prompt(99 + j, 16),
-                                                 "max_tokens": 4, "seed": j}) for j, c in enumerate(clients)))  # fmt: skip
+        warm = [{"model": MODEL, "prompt": prompt(99 + j, 16), "max_tokens": 4, "seed": j} for j in range(2)]
+        await asyncio.gather(*(streamed(c, url, body) for c, body in zip(clients, warm, strict=True)))
     for concurrency, requests in plan.levels:
         run.levels.append(await level(url, plan, concurrency, requests))
-    run.prefix_cold_ms, run.prefix_warm_ms = await prefix_cache(url, plan)
+    await latencies(url, plan, run)
 
 
 def measure(name: str, plan: Plan, logs: Path, console: Console) -> EngineRun:
@@ -380,7 +394,18 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
             "time to first token at concurrency 1, p50 ms",
             lambda r: statistics.median(r.levels[0].ttft_ms),
             ".1f",
-        ),  # fmt: skip
+        ),
+        row(
+            "streams at concurrency 1 delivered in one burst",
+            lambda r: f"{r.levels[0].bursts} of {r.levels[0].requests}",
+            "",
+            ratio=False,
+        ),
+        row(
+            f"one-token request ({plan.prompt_tokens}-token prompt, not streamed), p50 ms",
+            lambda r: r.one_token_ms,
+            ".1f",
+        ),
         row("engine CPU per completion token, ms", lambda r: r.cpu_ms_per_token, ".2f"),
         row(f"{plan.long_prompt_tokens}-token prompt, first time, ms", lambda r: r.prefix_cold_ms, ".1f"),
         row(f"{plan.long_prompt_tokens}-token prompt, repeated, ms", lambda r: r.prefix_warm_ms, ".1f"),
