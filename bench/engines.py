@@ -85,6 +85,8 @@ class Level:
     ttft_ms: list[float]
     bursts: int
     """Streams delivered in one burst: the first token arrived within the last tenth of the stream."""
+    cpu_ms: float
+    """CPU time of the engine's whole process tree during the level."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,7 +106,6 @@ class EngineRun:
     memory_peak: tuple[float, float] = (0.0, 0.0)
     memory_after: tuple[float, float] = (0.0, 0.0)
     levels: list[Level] = field(default_factory=list)
-    cpu_ms_per_token: float = 0.0
     load_at_start: float = 0.0
     """The machine's 1-minute load average when this engine was started: what else shared the cores."""
     runs_on: str = ""
@@ -260,8 +261,9 @@ async def streamed(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int
     return tokens, first_ms, last_ms
 
 
-async def level(url: str, plan: Plan, concurrency: int, requests: int) -> Level:
-    """`requests` streamed completions over `concurrency` clients (one httpx client each)."""
+async def level(url: str, plan: Plan, concurrency: int, requests: int, pid: int) -> Level:
+    """`requests` streamed completions over `concurrency` clients (one httpx client each), and the CPU
+    the engine's process tree `pid` spent on them (less swayed by what else runs than tokens/s)."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
         queue.put_nowait(i)
@@ -280,10 +282,10 @@ async def level(url: str, plan: Plan, concurrency: int, requests: int) -> Level:
             bursts += first_ms >= 0.9 * last_ms
 
     async with agent_clients(concurrency, timeout_s=600) as clients:
-        start = time.perf_counter()
+        cpu_before, start = tree_cpu_ms(pid), time.perf_counter()
         await asyncio.gather(*(worker(c) for c in clients))
-        seconds = time.perf_counter() - start
-    return Level(concurrency, requests, tokens, seconds, ttft, bursts)
+        seconds, cpu_ms = time.perf_counter() - start, tree_cpu_ms(pid) - cpu_before
+    return Level(concurrency, requests, tokens, seconds, ttft, bursts, cpu_ms)
 
 
 async def one_token_ms(client: httpx.AsyncClient, url: str, ids: list[int]) -> float:
@@ -310,12 +312,12 @@ async def latencies(url: str, plan: Plan, run: EngineRun) -> None:
         run.prefix_warm_ms = statistics.median(again)
 
 
-async def load(url: str, plan: Plan, run: EngineRun) -> None:
+async def load(url: str, plan: Plan, run: EngineRun, pid: int) -> None:
     async with agent_clients(2, timeout_s=600) as clients:  # warm-up: both engines' first requests
         warm = [{"model": MODEL, "prompt": prompt(99 + j, 16), "max_tokens": 4, "seed": j} for j in range(2)]
         await asyncio.gather(*(streamed(c, url, body) for c, body in zip(clients, warm, strict=True)))
     for concurrency, requests in plan.levels:
-        run.levels.append(await level(url, plan, concurrency, requests))
+        run.levels.append(await level(url, plan, concurrency, requests, pid))
     await latencies(url, plan, run)
 
 
@@ -335,13 +337,10 @@ def measure(name: str, plan: Plan, logs: Path, console: Console) -> EngineRun:
         *run.memory_start, run.processes = tree_memory_mib(proc.pid)
         run.runs_on = runs_on(name, log)
         console.log(f"{name} up in {run.start_s:.1f} s ({run.processes} processes); loading it")
-        cpu_before = tree_cpu_ms(proc.pid)
         with PeakMemory(proc.pid) as peak:
-            asyncio.run(load(url, plan, run))
-        cpu_ms = tree_cpu_ms(proc.pid) - cpu_before
+            asyncio.run(load(url, plan, run, proc.pid))
         run.memory_peak = peak.peak
         run.memory_after = tree_memory_mib(proc.pid)[:2]
-        run.cpu_ms_per_token = cpu_ms / max(1, sum(lv.tokens for lv in run.levels))
     except (RuntimeError, httpx.HTTPError) as exc:
         run.error = str(exc).splitlines()[0]
         console.print(f"[red]{name}: {exc}[/red]")
@@ -406,7 +405,11 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
             lambda r: r.one_token_ms,
             ".1f",
         ),
-        row("engine CPU per completion token, ms", lambda r: r.cpu_ms_per_token, ".2f"),
+        row(
+            "engine CPU per completion token (all levels), ms",
+            lambda r: sum(lv.cpu_ms for lv in r.levels) / sum(lv.tokens for lv in r.levels),
+            ".2f",
+        ),
         row(f"{plan.long_prompt_tokens}-token prompt, first time, ms", lambda r: r.prefix_cold_ms, ".1f"),
         row(f"{plan.long_prompt_tokens}-token prompt, repeated, ms", lambda r: r.prefix_warm_ms, ".1f"),
         row("prefix cache speed-up, x", lambda r: r.prefix_cold_ms / r.prefix_warm_ms, ".2f"),
@@ -420,7 +423,7 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
         f"{plan.max_tokens} tokens each, temperature 1, seeded)"
     )
     for col in ("concurrency", "requests", "embedded tok/s", "vLLM tok/s", "vLLM / embedded",
-                "embedded TTFT p50 ms", "vLLM TTFT p50 ms"):  # fmt: skip
+                "embedded TTFT p50 ms", "vLLM TTFT p50 ms", "embedded CPU ms/token", "vLLM CPU ms/token"):  # fmt: skip
         by_level.add_column(col, justify="right")
     for i, (concurrency, requests) in enumerate(plan.levels):
         a = embedded.levels[i] if embedded.measured else None
@@ -433,6 +436,8 @@ def report(runs: list[EngineRun], plan: Plan, console: Console) -> None:
             _ratio(a.tokens_per_s, b.tokens_per_s) if a and b else "-",
             f"{statistics.median(a.ttft_ms):.1f}" if a else "-",
             f"{statistics.median(b.ttft_ms):.1f}" if b else "-",
+            f"{a.cpu_ms / a.tokens:.2f}" if a else "-",
+            f"{b.cpu_ms / b.tokens:.2f}" if b else "-",
         )
     console.print(by_level)
     if vllm.skipped == "left out (--quick)":

@@ -67,7 +67,7 @@ def test_quick_engines_without_vllm_merged_into_a_report(tmp_path: Path) -> None
         found = re.search(rf"^\| {re.escape(measure)} \| ([\d.,]+) \| (.+?) \| - \|$", engines, re.M)
         assert found, f"no row {measure!r} in:\n{engines}"
         assert float(found.group(1).replace(",", "")) > 0 and found.group(2) == installed
-    assert re.search(r"^\| 8 \| 16 \| [\d.,]+ \| - \| - \| [\d.]+ \| - \|$", engines, re.M)
+    assert re.search(r"^\| 8 \| 16 \| [\d.,]+ \| - \| - \| [\d.]+ \| - \| [\d.]+ \| - \|$", engines, re.M)
     plot = tmp_path / "bench" / "plots" / "engines_tokens_per_s.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "](bench/plots/engines_tokens_per_s.png)" in engines
