@@ -112,16 +112,22 @@ class ServiceProcess:
         self.stop()
 
 
+ENGINE_NAMES = {"embedded": "the embedded engine", "vllm": "vLLM (CPU build)"}
+"""What each engine backend is called in messages."""
+
+
 def engine_process(
-    model_path: Path, served_name: str, *, max_model_len: int, log_path: Path, device: str = "cpu"
-) -> ServiceProcess:
-    """`harbor engine` serving `model_path` as `served_name`."""
+    model_path: Path, served_name: str, *, max_model_len: int, log_path: Path, device: str = "cpu",
+    backend: str = "embedded",
+) -> ServiceProcess:  # fmt: skip
+    """`harbor engine` serving `model_path` as `served_name`: the embedded engine, or with `backend`
+    "vllm" vLLM's CPU build (engine.vllm_backend: its venv, the guide's flags, gloo weight transfer)."""
     port = free_port()
     args = [
         "engine", "--model", str(model_path), "--served-model-name", served_name, "--port", str(port),
-        "--max-model-len", str(max_model_len), "--device", device, "--log-level", "warning",
+        "--max-model-len", str(max_model_len), "--device", device, "--log-level", "warning", "--backend", backend,
     ]  # fmt: skip
-    return ServiceProcess("the embedded engine", args, port, log_path)
+    return ServiceProcess(ENGINE_NAMES[backend], args, port, log_path)
 
 
 def server_process(

@@ -67,6 +67,9 @@ class TrainRun(BaseModel):
     """OpenAI base URL of the engine the agents call (embedded: the started engine)."""
     served_model_name: str | None = None
     """The name the engine serves the policy under (default: `model`, or `tiny`)."""
+    engine: Literal["embedded", "vllm"] = "embedded"
+    """The engine the run starts (no `server_url`): `embedded` (this package's) or `vllm`, vLLM's CPU build
+    from the venv `bash scripts/setup.sh --with-vllm` builds, taking the pushes over gloo (harbor_rl_vllm)."""
     engine_device: Literal["auto", "cpu", "cuda"] = "cpu"
     """Where the embedded engine runs (no `server_url`): `cuda` puts it on the trainer's GPU too."""
     agent_timeout_sec: float = Field(default=120.0, gt=0)
@@ -212,6 +215,11 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
             "of: start `harbor serve --sandbox e2b --expose cloudflare` (or --expose direct --public-url URL) "
             "and pass --server-url and --llm-url"
         )
+    if run.engine == "vllm" and run.server_url is not None:
+        raise TrainerConfigError(
+            "--engine vllm starts vLLM for the embedded run; with --server-url the agents call the engine "
+            "--llm-url names (start vLLM there with `harbor engine --backend vllm`)"
+        )
     grpo = AsyncGRPOConfig.validated({k: v for k, v in data.items() if k not in run_keys})
     return run, grpo
 
@@ -221,14 +229,21 @@ EMBEDDED_DATASETS = ["env-tasks", "builtin", CODING_SPLIT]
 coding tasks."""
 
 
-def embedded_engine_process(model_path: Path, served_name: str, output_dir: Path, device: str = "cpu"):
-    """The embedded engine serving `model_path` (harbor_rl.service_process), logging to
-    `output_dir/engine.log`."""
+VLLM_START_TIMEOUT_S = 600.0
+"""vLLM's CPU build starts in 30-60 s on a quiet machine and up to ~170 s cold or loaded."""
+
+
+def embedded_engine_process(
+    model_path: Path, served_name: str, output_dir: Path, device: str = "cpu", backend: str = "embedded"
+):
+    """The run's engine serving `model_path` (harbor_rl.service_process), logging to
+    `output_dir/engine.log`: the embedded engine, or vLLM's CPU build with `backend` "vllm"."""
     from harbor_rl.service_process import engine_process
 
     return engine_process(
-        model_path, served_name, max_model_len=CONTEXT_LENGTH, log_path=output_dir / "engine.log", device=device
-    )
+        model_path, served_name, max_model_len=CONTEXT_LENGTH, log_path=output_dir / "engine.log", device=device,
+        backend=backend,
+    )  # fmt: skip
 
 
 def embedded_server_process(output_dir: Path, llm_url: str, model: str, capacity: int, sandbox: str):
@@ -339,6 +354,23 @@ ProgressFn = Callable[[str, int, int], None]
 """`(phase, completed, total)`: how far a phase (`demos`, `sft`, `eval <name>`) has got."""
 
 
+def require_vllm(run: TrainRun) -> None:
+    """`engine: vllm` needs vLLM's CPU venv, and runs on the CPU: TrainerConfigError (one line) otherwise,
+    before anything starts."""
+    from engine import vllm_backend
+    from engine.errors import VllmNotInstalled
+
+    if run.engine_device == "cuda":
+        raise TrainerConfigError(
+            "engine_device cuda: the vllm engine is vLLM's CPU build; on a GPU start vLLM yourself and pass "
+            "--llm-url with --server-url"
+        )
+    try:
+        vllm_backend.vllm_python()
+    except VllmNotInstalled as exc:
+        raise TrainerConfigError(f"--engine vllm: {exc}") from exc
+
+
 @contextlib.contextmanager
 def rollout_source(
     run: TrainRun, config: AsyncGRPOConfig, model_path: Path, served: str, output_dir: Path, on_phase
@@ -353,11 +385,16 @@ def rollout_source(
             from harbor_server.server import refuse_unisolated_specs
 
             refuse_unisolated_specs(EMBEDDED_DATASETS, run.sandbox)  # one line, before anything starts
+            if run.engine == "vllm":
+                require_vllm(run)
+            engine_name = "vLLM (CPU build)" if run.engine == "vllm" else "the embedded engine"
             on_phase(
-                f"starting the embedded engine ({model_path.name}) and server (logs: {output_dir}/engine.log, "
-                "server.log)"
+                f"starting {engine_name} ({model_path.name}) and the embedded server (logs: "
+                f"{output_dir}/engine.log, server.log)"
             )
-            engine = stack.enter_context(embedded_engine_process(model_path, served, output_dir, run.engine_device))
+            engine = stack.enter_context(
+                embedded_engine_process(model_path, served, output_dir, run.engine_device, backend=run.engine)
+            )
             llm_url = engine.url + "/v1"
             config = config.model_copy(
                 update={"vllm_server_base_url": engine.url, "weight_sync_backend": "gloo"}
@@ -365,7 +402,7 @@ def rollout_source(
             server = stack.enter_context(  # both load at once
                 embedded_server_process(output_dir, llm_url, served, config.max_concurrent_rollouts + 1, run.sandbox)
             )
-            engine.wait_until_up()
+            engine.wait_until_up(VLLM_START_TIMEOUT_S if run.engine == "vllm" else 120.0)
             server_url = server.wait_until_up()
             split = split or default_split(run.harness)
         elif "vllm_server_base_url" not in config.model_fields_set and llm_url is not None:

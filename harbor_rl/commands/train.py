@@ -15,7 +15,7 @@ FLAG_SETTINGS = {
     "--model": "model", "--server-url": "server_url", "--split": "split", "--task": "tasks",
     "--harness": "harness", "--sandbox": "sandbox", "--llm-url": "llm_url", "--output-dir": "output_dir",
     "--max-steps": "max_steps", "--num-generations": "num_generations", "--learning-rate": "learning_rate",
-    "--eval-episodes": "eval_episodes", "--device": "device",
+    "--eval-episodes": "eval_episodes", "--device": "device", "--engine": "engine",
 }  # fmt: skip
 """Each flag of `harbor train` and the setting (TrainRun or AsyncGRPOConfig field) it sets."""
 
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
             None, "--config", help="YAML file of settings (AsyncGRPOConfig fields and run fields); flags win."
         ),
         model: str | None = typer.Option(
-            None, "--model", help="'tiny', a local Hugging Face model folder, or a Hub id (ORG/NAME)."
+            None, "--model", help="'tiny', 'smollm2-135m', a .gguf file, a local Hugging Face model folder, or a Hub id (ORG/NAME)."
         ),
         server_url: list[str] = typer.Option(
             [],
@@ -149,6 +149,9 @@ def register(app: typer.Typer) -> None:
         ),
         device: str | None = typer.Option(
             None, "--device", help="Where the policy trains: auto (CUDA when there is a GPU), cpu or cuda."
+        ),
+        engine: str | None = typer.Option(
+            None, "--engine", help="The engine the embedded run starts: embedded, or vllm (setup.sh --with-vllm)."
         ),
         set_: list[str] = typer.Option(
             [], "--set", help="Any other setting as KEY=VALUE (YAML value). Repeatable."
@@ -193,7 +196,7 @@ def register(app: typer.Typer) -> None:
             "model": model, "server_url": ",".join(server_url) or None, "split": split, "tasks": task or None, "harness": harness,
             "sandbox": sandbox, "llm_url": llm_url, "output_dir": output_dir, "max_steps": max_steps,
             "num_generations": num_generations, "learning_rate": learning_rate, "eval_episodes": eval_episodes,
-            "device": device,
+            "device": device, "engine": engine,
         }  # fmt: skip
         data.update({k: v for k, v in flags.items() if v is not None})
         data.update(_parse_set(set_))
