@@ -20,8 +20,9 @@ class EngineConfig(BaseModel):
     """How `harbor engine` serves a model."""
 
     model: str = "tiny"
-    """`tiny` (built locally for `seed`), a local Hugging Face model folder, or a Hub id (ORG/NAME,
-    fetched once into the Hugging Face cache)."""
+    """`tiny` (built locally for `seed`), `smollm2-135m` or a `.gguf` file (converted once,
+    engine.gguf_model), a local Hugging Face model folder, or a Hub id (ORG/NAME, fetched once into the
+    Hugging Face cache)."""
     revision: str | None = None
     """Hub revision of a Hub-id `model` (None: the default branch)."""
     served_model_name: str | None = None

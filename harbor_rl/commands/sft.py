@@ -9,7 +9,7 @@ import typer
 
 def sft_command(
     data: Path = typer.Argument(..., help="results.jsonl from `harbor collect`, or the folder holding it."),
-    model: str = typer.Option("tiny", "--model", help="'tiny' or a local Hugging Face model folder."),
+    model: str = typer.Option("tiny", "--model", help="'tiny', 'smollm2-135m', a .gguf file or a local Hugging Face model folder."),
     output_dir: Path = typer.Option(Path("runs/sft"), "--output-dir", "-o", help="Where the model is saved."),
     max_steps: int | None = typer.Option(
         None, "--max-steps", min=1, help="Optimizer steps (overrides --epochs)."

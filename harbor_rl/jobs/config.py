@@ -192,8 +192,10 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
-        if self.model == "tiny" and self.engine.kind == "vllm":
-            raise ValueError("model 'tiny' is built by the embedded engine; vLLM needs a Hub id or a folder")
+        if self.model in ("tiny", "smollm2-135m") and self.engine.kind == "vllm":
+            raise ValueError(
+                f"model {self.model!r} is built by the embedded engine; vLLM needs a Hub id or a folder"
+            )
         if self.split is None:
             self.split = default_split(self.dataset)
         rollouts = self.trainer.get("max_concurrent_rollouts")

@@ -38,11 +38,12 @@ class ProcessSpec:
 def model_location(config: RunConfig) -> tuple[str, str | None]:
     """(path the engine and trainer load, Hub id to download there first or None).
 
-    `tiny` and paths (absolute or ./relative: in the image or the volume) are used as they are; anything
-    else is a Hub id, downloaded under the work folder so both processes load the same files.
+    `tiny`, `smollm2-135m` (built by `harbor engine` from its PyPI wheel) and paths (absolute or ./relative:
+    in the image or the volume) are used as they are; anything else is a Hub id, downloaded under the work
+    folder so both processes load the same files.
     """
     model = config.model
-    if model == "tiny" or model.startswith(("/", "./", "../", "~")):
+    if model in ("tiny", "smollm2-135m") or model.startswith(("/", "./", "../", "~")):
         return model, None
     return str(PurePosixPath(config.work_dir) / "models" / model.replace("/", "--")), model
 
