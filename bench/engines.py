@@ -9,8 +9,9 @@ process group of its own, and measures for each:
   splits shared pages among the processes sharing them, and the sum of RSS, which counts them once per
   process; after start, its peak under the load, and after the load;
 - tokens/s of streamed completions at a few concurrency levels, with the same token-id prompts, seeds,
-  temperature and `max_tokens` (`ignore_eos`, so every request decodes the same number of tokens), and
-  the time to the first token;
+  temperature and `max_tokens` (`ignore_eos`, so every request decodes the same number of tokens), the
+  time to the first token and how many streams arrive in one burst, and the engine's CPU per token;
+- a non-streamed one-token request's latency (a prefill and a token, without the stream's delivery);
 - the prefix cache: a long prompt's first request (a prompt neither engine has seen) against the same
   prompt repeated.
 
@@ -194,7 +195,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> float:
 
 def runs_on(name: str, log: Path) -> str:
     """The embedded engine: `harbor engine`'s --num-threads default. vLLM: its CPU worker's OpenMP
-    binding as its log states it (vllm/v1/worker/cpu_worker.py, VLLM_CPU_OMP_THREADS_BIND=auto)."""
+    binding as its log states it (vllm/utils/ompmultiprocessing.py, VLLM_CPU_OMP_THREADS_BIND=auto)."""
     if name == "embedded":
         return "1 torch thread"
     text = log.read_text(errors="replace")
