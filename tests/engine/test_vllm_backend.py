@@ -61,6 +61,9 @@ def test_dev_mode_on_and_the_projects_python_path_kept_out(venv, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/work/main")
     env = VllmLaunch(Path("/m"), "m", venv=venv).env()
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and "PYTHONPATH" not in env
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"  # its compile cache is hit (see VllmLaunch.env)
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert VllmLaunch(Path("/m"), "m", venv=venv).env()["VLLM_USE_AOT_COMPILE"] == "1"  # the user's choice
 
 
 def test_a_missing_or_half_built_venv_names_the_set_up_command(tmp_path, monkeypatch):
