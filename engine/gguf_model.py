@@ -164,7 +164,6 @@ def _write(gguf: Path, folder: Path, manifest: dict[str, Any], chat_template: st
     # A fresh model of the same config takes the dequantised weights; strict loading is the check that
     # every key matched both ways (tied embeddings are one tensor under two names).
     config.dtype = torch.float32
-    config._name_or_path = manifest["name"]
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     fresh.load_state_dict(loaded.state_dict(), strict=True)
     del loaded

@@ -26,7 +26,7 @@ class HarnessAsyncGRPOTrainer(_LibraryTrainer):
     """`trainer.HarnessAsyncGRPOTrainer`, taking `model="tiny"` too (see the module docstring)."""
 
     def __init__(self, model: Any, harness_session_factory: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(model, str) and (model in ("tiny", "smollm2-135m") or model.endswith(".gguf")):
+        if isinstance(model, str) and (model in ("tiny", "smollm2-135m") or model.lower().endswith(".gguf")):
             from engine.tiny_model import resolve_model_path
 
             model = str(resolve_model_path(model, TINY_SEED))

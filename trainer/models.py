@@ -19,7 +19,7 @@ def load_policy(name_or_path: str | Path, dtype: str = "float32") -> tuple[Any, 
     from transformers.utils import logging as hf_logging
 
     source = str(name_or_path)
-    if source in ("tiny", "smollm2-135m") or source.endswith(".gguf"):
+    if source in ("tiny", "smollm2-135m") or source.lower().endswith(".gguf"):
         raise TrainerConfigError(
             f"model {source!r} is built into a folder by the embedded engine, not loaded by name: pass its "
             f"folder (engine.tiny_model.resolve_model_path({source!r})), as the harbor CLI does"
