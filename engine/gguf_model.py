@@ -68,8 +68,6 @@ MANIFEST = "harbor_gguf.json"
 DEFAULT_MAX_NEW_TOKENS = 512
 """generation_config's `max_new_tokens` (vLLM and the engine read it as the default `max_tokens`)."""
 
-SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-"""The system line SmolLM2's own template puts in when the conversation has none."""
 SMOLLM2_CHAT_TEMPLATE = (Path(__file__).with_name("smollm2.jinja")).read_text(encoding="utf-8")
 """SmolLM2's template with hermes tools (see the module docstring)."""
 
