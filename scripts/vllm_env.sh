@@ -75,7 +75,7 @@ for name in ("index-url", "extra-index-url", "find-links"):
 EOF
 }
 uv="$(command -v uv || true)"
-if [ -z "$uv" ] && "$VENV/bin/pip" install -q uv==0.13.9 2> >(grep -v -e "is ignored: it is neither" >&2); then
+if [ -z "$uv" ] && "$VENV/bin/pip" install -q uv==0.13.9 >/dev/null 2>&1; then
   uv="$VENV/bin/uv"
 fi
 if [ -n "$uv" ]; then
@@ -85,6 +85,7 @@ if [ -n "$uv" ]; then
   env "${cert_env[@]}" "$uv" pip install -q --no-cache --python "$VENV/bin/python" --no-deps \
     --index-strategy unsafe-best-match "${options[@]}" -r "$LOCK" || install_failed=1
 else
+  log "uv is not on PATH and could not be installed: installing with pip (slower)"
   # pip's "Location ... is ignored" lines are noise from this machine's local index folders.
   "$VENV/bin/pip" install -q --no-compile --no-deps -r "$LOCK" 2> >(grep -v -e "is ignored: it is neither" >&2) \
     || install_failed=1
