@@ -53,6 +53,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from engine.cache import default_cache_dir
 from engine.errors import ModelBuildError
 
 SMOLLM2_NAME = "smollm2-135m"
@@ -73,7 +74,6 @@ SMOLLM2_CHAT_TEMPLATE = (Path(__file__).with_name("smollm2.jinja")).read_text(en
 
 
 def _default_cache_dir() -> Path:
-    from engine.tiny_model import default_cache_dir
 
     return default_cache_dir()
 

@@ -15,13 +15,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine.cache import default_cache_dir
 from engine.chat import CHAT_TEMPLATE, RESPONSE_TEMPLATE
 from engine.corpus import BUILTIN_CORPUS
 from engine.errors import ModelBuildError
@@ -45,11 +45,6 @@ MODEL_SHAPE: dict[str, Any] = {
 }
 DEFAULT_MAX_NEW_TOKENS = 256
 """Default `max_tokens` (via generation_config.json, as vLLM reads it): a random model rarely stops."""
-
-
-def default_cache_dir() -> Path:
-    """`$HARBOR_CACHE_DIR` or `~/.cache/harbor-rl`."""
-    return Path(os.environ.get("HARBOR_CACHE_DIR") or Path.home() / ".cache" / "harbor-rl")
 
 
 CORPUS_FILE = Path(__file__).with_name("corpus.txt")

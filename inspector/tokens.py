@@ -100,8 +100,8 @@ class TokenizerFinder:
                 )
             where, source = str(folder), f"the tiny model's tokenizer ({folder})"
         elif model == SMOLLM2_MODEL:
+            from engine.cache import default_cache_dir
             from engine.gguf_model import find_smollm2
-            from engine.tiny_model import default_cache_dir
 
             folder = find_smollm2()
             if folder is None:

@@ -36,10 +36,11 @@ TRAINER_MAY_IMPORT = ("capture_proxy", "harbor_server", "harbor_server.client", 
                       "harbor_server.models", "engine.weight_client")  # fmt: skip
 """The trainer is a library over the capture rows and models, the server's client and the engine's
 weight-transfer client; the rest of `harbor_server` and `engine` are not its business."""
-INSPECTOR_MAY_IMPORT_OF_ENGINE = ("engine.tiny_model",)
-"""The inspector shows a rollout's token text with its model's tokenizer; for the model `tiny`, the
-engine is what knows where that model's folder is (it builds it). Nothing else of the engine (torch,
-the server) is the inspector's business, and the engine imports none of ours, so no cycle can form."""
+INSPECTOR_MAY_IMPORT_OF_ENGINE = ("engine.tiny_model", "engine.gguf_model", "engine.cache")
+"""The inspector shows a rollout's token text with its model's tokenizer; for the models the engine
+builds (`tiny`, `smollm2-135m`), the engine is what knows where their folders are. Nothing else of the
+engine (torch, the server) is the inspector's business, and the engine imports none of ours, so no cycle
+can form."""
 
 
 def _modules() -> dict[str, Path]:
