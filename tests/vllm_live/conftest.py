@@ -20,6 +20,8 @@ import pytest
 
 from engine import vllm_backend
 from engine.errors import VllmNotInstalled, VllmStartError
+from engine.imitation import ImitationSettings, create_imitation_app
+from engine.in_process import serve_in_thread
 from engine.tiny_model import build_tiny_model
 from harbor_server import free_port
 
@@ -125,6 +127,13 @@ def live_vllm(
         time.sleep(0.5)
     assert _alive(family) == [], f"vLLM processes left after harbor engine's SIGTERM: {_alive(family)}"
     assert cli.returncode == 0, log_path.read_text(errors="replace")[-2000:]
+
+
+@pytest.fixture(scope="module")
+def imitation():
+    """engine/imitation.py serving `tiny`, what the fast tests use in vLLM's place, to compare with the live one."""
+    with serve_in_thread(create_imitation_app(ImitationSettings(model="tiny"))) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ import json
 import httpx
 import pytest
 
-from engine.imitation import ImitationSettings, create_imitation_app
 from engine.in_process import serve_in_thread
 from engine.server import EngineConfig, create_app
 
@@ -22,12 +21,6 @@ pytestmark = pytest.mark.timeout(900)  # the module's first test waits for vLLM'
 VLLM_ONLY_TOP = {"ec_transfer_params", "metrics"}
 """Top-level reply fields vLLM 0.32 sends that the imitation does not (no client reads them)."""
 USER = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def imitation():
-    with serve_in_thread(create_imitation_app(ImitationSettings(model="tiny"))) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

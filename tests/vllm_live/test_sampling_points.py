@@ -18,7 +18,6 @@ import pytest
 from capture_proxy.app import create_app as create_proxy_app
 from capture_proxy.config import ProxyConfig
 from capture_proxy.store import TraceStore
-from engine.imitation import ImitationSettings, create_imitation_app
 from engine.in_process import serve_in_thread
 from engine.server import EngineConfig, create_app
 
@@ -26,12 +25,6 @@ pytestmark = pytest.mark.timeout(900)  # the module's first test may wait for vL
 USER = [{"role": "user", "content": "hi"}]
 ADMIN = "vllm-live-sampling-admin-key"
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
-
-
-@pytest.fixture(scope="module")
-def imitation():
-    with serve_in_thread(create_imitation_app(ImitationSettings(model="tiny"))) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
