@@ -220,6 +220,8 @@ def split_settings(data: dict[str, Any]) -> tuple[TrainRun, AsyncGRPOConfig]:
             "--engine vllm starts vLLM for the embedded run; with --server-url the agents call the engine "
             "--llm-url names (start vLLM there with `harbor engine --backend vllm`)"
         )
+    if run.engine == "vllm":
+        require_vllm(run)  # before the warm-up, which runs before the engine starts
     grpo = AsyncGRPOConfig.validated({k: v for k, v in data.items() if k not in run_keys})
     return run, grpo
 
@@ -385,8 +387,6 @@ def rollout_source(
             from harbor_server.server import refuse_unisolated_specs
 
             refuse_unisolated_specs(EMBEDDED_DATASETS, run.sandbox)  # one line, before anything starts
-            if run.engine == "vllm":
-                require_vllm(run)
             engine_name = "vLLM (CPU build)" if run.engine == "vllm" else "the embedded engine"
             on_phase(
                 f"starting {engine_name} ({model_path.name}) and the embedded server (logs: "

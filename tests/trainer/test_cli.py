@@ -167,3 +167,12 @@ def test_the_warm_up_trains_on_every_core_and_gives_them_back() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_engine_vllm_without_its_venv_is_refused_before_anything_runs(tmp_path, monkeypatch) -> None:
+    """The warm-up runs before the engine starts: a missing vLLM venv must stop the run before it."""
+    monkeypatch.setenv("HARBOR_VLLM_VENV", str(tmp_path / "no-venv"))
+    result = CliRunner().invoke(app, ["train", "--engine", "vllm", "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "--engine vllm: no vLLM venv at" in result.output and "setup.sh --with-vllm" in result.output
+    assert not (tmp_path / "out" / "demos").exists()
