@@ -4,7 +4,9 @@ Harbor (harbor/trial/artifact_handler.py, 0.26): after the agent and before the 
 of the task's `artifacts` (a step's too) is copied out of the sandbox, with the convention folder
 `/logs/artifacts` always first. A destination goes to `artifacts/<destination>`; without one the
 absolute source is mirrored (`/var/log/x` -> `artifacts/var/log/x`). A missing source is recorded as
-"failed" and never fails the run; when two entries claim one path, the first wins. `manifest.json`
+"failed" and never fails the run; when two entries claim one path, the first wins (silently where the
+first already holds the later one at the same place, e.g. DeepSWE's `/logs/artifacts/model.patch` under the
+convention folder; with a warning otherwise). `manifest.json`
 lists each entry: source, destination, type (file | directory), status (ok | empty | failed |
 skipped), service and exclude.
 
@@ -21,6 +23,7 @@ import json
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from sandboxes.base import Sandbox
@@ -35,6 +38,29 @@ MANIFEST = "manifest.json"
 def _relative(source: str) -> PurePosixPath:
     parts = [part for part in PurePosixPath(source).parts if part not in ("", "/", "..")]
     return PurePosixPath(*parts) if parts else PurePosixPath(".")
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """An entry that got its output path: a later entry overlapping it is skipped."""
+
+    source: str
+    output: PurePosixPath
+    service: str
+    exclude: tuple[str, ...]
+
+    def overlaps(self, output: PurePosixPath) -> bool:
+        return output == self.output or self.output in output.parents or output in self.output.parents
+
+    def covers(self, later: _Claim) -> bool:
+        """Whether this claim already holds `later`'s source at `later`'s output path, so skipping it loses
+        nothing (Harbor's `artifact_is_covered_by`, harbor/models/task/artifacts.py 0.26)."""
+        source, mine = PurePosixPath(later.source), PurePosixPath(self.source)
+        if later.service != self.service or not source.is_relative_to(mine):
+            return False
+        if source == mine and later.output == self.output:
+            return later.exclude == self.exclude
+        return not self.exclude and later.output == self.output / source.relative_to(mine)
 
 
 ServiceSandbox = Callable[[str], Awaitable[Sandbox]]
@@ -58,7 +84,14 @@ async def collect_artifacts(
     if services is not None and (folder / MANIFEST).is_file():
         manifest = json.loads((folder / MANIFEST).read_text())
     claimed = [
-        PurePosixPath(r["destination"]).relative_to("artifacts") for r in manifest if r["status"] != "skipped"
+        _Claim(
+            r["source"],
+            PurePosixPath(r["destination"]).relative_to("artifacts"),
+            r["service"] or MAIN_SERVICE,
+            tuple(r["exclude"]),
+        )
+        for r in manifest
+        if r["status"] != "skipped"
     ]
     for entry in artifact_entries(entries):
         service = entry.service or MAIN_SERVICE
@@ -73,11 +106,14 @@ async def collect_artifacts(
             "service": entry.service,
             "exclude": list(entry.exclude),
         }
-        if any(output == p or p in output.parents or output in p.parents for p in claimed):
+        claim = _Claim(entry.source, output, service, tuple(entry.exclude))
+        prior = next((c for c in claimed if c.overlaps(output)), None)
+        if prior is not None:
             record["status"] = "skipped"  # another entry already claims this path: the first wins
-            log.warning("artifact %s overlaps an earlier entry's %s; skipped", entry.source, output)
+            if not prior.covers(claim):
+                log.warning("artifact %s overlaps an earlier entry's %s; skipped", entry.source, prior.output)
         else:
-            claimed.append(output)
+            claimed.append(claim)
             source = sandbox
             if service != MAIN_SERVICE:
                 try:
