@@ -52,7 +52,7 @@ pip_download() {  # $1 dir, $2... requirements: wheels from PyPI, once
     | grep -v -e "is ignored: it is neither" >&2 || true
 }
 
-uv_binaries() {  # $1 version: uv and uvx from its PyPI wheel into $work/uv-<version>/, once (astral.sh,
+uv_binaries() {  # $1 version: uv and uvx from its PyPI wheel into $work/uv-bin-<version>/, once (astral.sh,
   # where Harbor's test.sh gets them, and ghcr.io, where its image is, may be unreachable)
   local version="$1" bin="$work/uv-bin-$1"
   [ -x "$bin/uvx" ] && return
