@@ -120,16 +120,24 @@ class TaskFacts:
 
 
 def stand_in_images(task: Task, *, force_build: bool = False) -> list[StandInImage]:
-    """The task's base images that are stand-ins in the local Docker engine, where `LocalHarbor`'s docker
-    sandboxes run (none when the engine cannot be reached: the trial then says why itself)."""
+    """The images the task's sandbox and its separate verifier's are built from (or are) that are stand-ins
+    in the local Docker engine, where `LocalHarbor`'s docker sandboxes run (none when the engine cannot be
+    reached: the trial then says why itself)."""
     from sandboxes.images import base_image_names, stand_ins_among
+    from tasks.verifier_env import verifier_environment, verifier_spec
 
     try:
         import docker
 
+        specs = [task.sandbox_spec("stand-in-check", force_build=force_build)]
+        specs += [
+            verifier_spec(task, step, "stand-in-check", force_build=force_build)[0]
+            for step in task.steps or (None,)
+            if verifier_environment(task, step) is not None
+        ]
+        names = list(dict.fromkeys(name for spec in specs for name in base_image_names(spec)))
         client = docker.from_env()
         try:
-            names = base_image_names(task.sandbox_spec("stand-in-check", force_build=force_build))
             return [StandInImage(**found) for found in stand_ins_among(client, names)]
         finally:
             client.close()

@@ -58,19 +58,27 @@ class Dockerfile:
     instructions: list[Instruction]
 
     def base_images(self) -> list[str]:
-        """Images named by `FROM` lines, excluding earlier build stages (`FROM builder`)."""
+        """Images the build reads: those named by `FROM` lines and by `COPY --from=` (Harbor tasks copy uv
+        in with `COPY --from=ghcr.io/astral-sh/uv:0.8.15 ...`), excluding earlier build stages (`FROM
+        builder`, `COPY --from=builder` or `--from=0`; stage names are case-insensitive, as Docker's)."""
         stages: set[str] = set()
         images: list[str] = []
         for ins in self.instructions:
-            if ins.keyword != "FROM":
+            if ins.keyword == "FROM":
+                words = ins.words()
+                if not words:
+                    continue
+                name = words[0]
+                if len(words) >= 3 and words[1].lower() == "as":
+                    stages.add(words[2].lower())
+            elif ins.keyword == "COPY" and ins.flags.get("from"):
+                name = ins.flags["from"]
+                if name.isdigit():
+                    continue
+            else:
                 continue
-            words = ins.words()
-            if not words:
-                continue
-            if words[0] not in stages:
-                images.append(words[0])
-            if len(words) >= 3 and words[1].lower() == "as":
-                stages.add(words[2])
+            if name.lower() not in stages and name not in images:
+                images.append(name)
         return images
 
     def where(self, ins: Instruction) -> str:

@@ -81,3 +81,21 @@ def test_context_hash_follows_content_modes_links_and_dockerignore(tmp_path):
     os.chmod(b / "src" / "m.py", 0o644)
     os.symlink("m.py", b / "src" / "link.py")
     assert context_hash(a) != context_hash(b)
+
+
+def test_base_images_include_images_copied_from_but_no_build_stage(tmp_path):
+    """The math-modeling tasks copy uv in with `COPY --from=<image>`: that image is read by the build too, so
+    it keys the image cache and a stand-in of it is reported like a FROM's."""
+    env = write_env(
+        tmp_path,
+        "FROM python:3.12-slim AS Build\n"
+        "COPY --from=ghcr.io/astral-sh/uv:0.8.15 /uv /uvx /usr/local/bin/\n"
+        "FROM python:3.12-slim\n"
+        "COPY --from=build /usr/local/bin/uv /bin/\n"
+        "COPY --from=0 /usr/local/bin/uvx /bin/\n"
+        "COPY --chown=1:1 data /data\n",
+    )
+    assert parse_dockerfile(env / "Dockerfile").base_images() == [
+        "python:3.12-slim",
+        "ghcr.io/astral-sh/uv:0.8.15",
+    ]

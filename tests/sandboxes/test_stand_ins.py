@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 
@@ -14,8 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from evaluation.jobs import Job
+from evaluation.runner import stand_in_images
 from harbor_rl.cli import app
 from sandboxes import SandboxSpec
+from tasks import load_task
 
 from .conftest import REPO, write_env
 
@@ -282,6 +285,24 @@ def test_a_task_that_pip_installs_pytest_scores_1_on_the_stand_in_and_says_it_ra
         assert "ran on stand-ins of python:3.13-slim-bookworm" in " ".join(result.output.split())
     else:
         assert marks == [] and "stand-in" not in result.output
+
+
+def test_stand_ins_copied_from_or_under_a_separate_verifier_are_reported_too(docker_client, stand_ins, tmp_path):
+    """A score depends on every image the trial's containers are built from: the math-modeling tasks copy uv in
+    (`COPY --from=ghcr.io/astral-sh/uv:0.8.15`), and a separate verifier may build from tests/Dockerfile on
+    another base. Here: PIP_TASK (FROM python:3.13-slim-bookworm) given such a verifier."""
+    task = tmp_path / "pip-installs-pytest"
+    shutil.copytree(PIP_TASK, task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n'))
+    (task / "tests" / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nCOPY --from=ghcr.io/astral-sh/uv:0.8.15 /uv /usr/local/bin/\nCOPY . /tests/\n"
+    )
+    names = ["python:3.13-slim-bookworm", "python:3.12-slim", "ghcr.io/astral-sh/uv:0.8.15"]
+    if not all(is_stand_in(docker_client, name) for name in names):
+        pytest.skip("some of these images were pulled here: no stand-in to report")
+    assert [image.name for image in stand_in_images(load_task(task))] == names
+    assert [image.name for image in stand_in_images(load_task(PIP_TASK))] == names[:1]  # no verifier image
 
 
 @pytest.mark.slow
