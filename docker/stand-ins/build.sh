@@ -72,16 +72,18 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PY
 }
 
-# CPython built from source where the suite's own Python is another version (python:3.13-slim-bookworm:
-# bookworm has 3.11). The source is Debian's copy of python.org's tarball (deb.debian.org is reachable
-# where python.org may not be), pinned by its sha256.
+# CPython where the suite's own Python is another version (python:3.13-slim-bookworm: bookworm has 3.11),
+# built from source on a machine without a build of its own (below). The source is Debian's copy of
+# python.org's tarball (deb.debian.org is reachable where python.org may not be), pinned by its sha256.
 declare -A CPYTHON_SOURCE=(
   [3.13]="3.13.5 pool/main/p/python3.13/python3.13_3.13.5.orig.tar.xz 93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640"
 )
 DEBIAN_MIRROR="${HARBOR_SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
 
-# Where no source is pinned (3.12: no tarball is reachable here), the host's own build of X.Y is laid out
-# under /usr/local as the public image has it (relocate-cpython.sh); every machine of ours has pyenv's.
+# Where the machine has its own build of X.Y (every machine of ours has pyenv's 3.12 and 3.13), that build
+# is laid out under /usr/local as the public image has it (relocate-cpython.sh): seconds, where building the
+# pinned source takes ten minutes on a fresh machine. The source is built only where there is no such build
+# (3.12 has no source reachable here at all).
 cpython_host() {  # $1 X.Y: the newest host build of X.Y with its shared libpython, or nothing
   local dir
   for dir in $(ls -d "$CPYTHON_BUILDS/$1".* 2>/dev/null | sort -rV); do
@@ -89,9 +91,13 @@ cpython_host() {  # $1 X.Y: the newest host build of X.Y with its shared libpyth
   done
 }
 
+cpython_from_source() {  # $1 X.Y: whether its stand-in builds the pinned source (the machine has no build)
+  [ -n "${CPYTHON_SOURCE[$1]:-}" ] && [ -z "$(cpython_host "$1")" ]
+}
+
 cpython_recipe() {  # $1 X.Y: what the cpython-X.Y stand-in's CPython is made from (part of its hash)
   local dir
-  if [ -n "${CPYTHON_SOURCE[$1]:-}" ]; then
+  if cpython_from_source "$1"; then
     cat Dockerfile.cpython; echo "${CPYTHON_SOURCE[$1]}"
   else
     dir="$(cpython_host "$1")"
@@ -128,7 +134,7 @@ cpython_relocated() {  # $1 X.Y: lays out the host's CPython X.Y build as a tarb
 
 cpython_local() {  # $1 X.Y, $2 suite, $3 output tar: /usr/local of CPython built on the suite (cached)
   local minor="$1" suite="$2" out="$3" version path sha cached context builder
-  if [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then gzip -dc "$(cpython_relocated "$minor")" >"$out"; return; fi
+  if ! cpython_from_source "$minor"; then gzip -dc "$(cpython_relocated "$minor")" >"$out"; return; fi
   read -r version path sha <<<"${CPYTHON_SOURCE[$minor]}"
   cached="$CACHE_DIR/cpython-$version-$suite-$(cat Dockerfile.cpython | sha256sum | cut -c1-12).tar.gz"
   if [ ! -f "$cached" ]; then
@@ -154,7 +160,7 @@ pip_packages() {  # $1 kind: what the public image pip-installed (docker-library
     python) echo "pip==$PIP_VERSION" ;;
     python-setuptools) echo "pip==$PIP_VERSION setuptools==$SETUPTOOLS_VERSION wheel==$WHEEL_VERSION" ;;
     # A host build comes without pip (its site-packages is the host's): pip from the wheel, as `python`.
-    cpython-*) [ -n "${CPYTHON_SOURCE[${1#cpython-}]:-}" ] || echo "pip==$PIP_VERSION" ;;
+    cpython-*) cpython_from_source "${1#cpython-}" || echo "pip==$PIP_VERSION" ;;
   esac
 }
 
@@ -253,7 +259,7 @@ while read -r name kind suite _; do
     continue
   fi
   minor="${kind#cpython-}"
-  if [[ "$kind" == cpython-* ]] && [ -z "${CPYTHON_SOURCE[$minor]:-}" ]; then
+  if [[ "$kind" == cpython-* ]] && ! cpython_from_source "$minor"; then
     # Never stop setup for want of one Python: Debian's stands in, and says so.
     if [ -z "$(cpython_host "$minor")" ]; then
       echo "stand-ins: $name: no CPython $minor here (none pinned in build.sh, no build in $CPYTHON_BUILDS/$minor.*): the python kind, with Debian's Python of $suite" >&2

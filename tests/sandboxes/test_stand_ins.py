@@ -173,7 +173,7 @@ def test_each_stand_in_has_what_its_image_has(docker_client, stand_ins):
         assert "python3.13" in found, found  # `uvx -p 3.13` in terminal-bench's verifiers finds it
 
 
-# What python:3.12-slim's own CPython has (docker-library/python, 3.12/slim-trixie/Dockerfile): every
+# What python:X.Y-slim's own CPython has (docker-library/python, 3.12/slim-trixie/Dockerfile): every
 # module whose library the image keeps imports, sysconfig says /usr/local, and no Debian Python is left.
 CPYTHON_PROBE = """
 python3 -c 'import ssl, sqlite3, ctypes, lzma, bz2, zlib, readline, uuid, dbm, decimal, curses, hashlib
@@ -182,8 +182,8 @@ python3 -c 'import sys, sysconfig; print(sys.version.split()[0], sys.prefix, sys
     sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INCLUDEPY"))'
 python3-config --prefix
 ls /usr/bin/python3* /usr/lib/python3 2>&1 | head -1
-grep -rlI pyenv /usr/local/bin /usr/local/lib/python3.12/_sysconfigdata_* /usr/local/lib/pkgconfig || echo no-host-paths
-ldd /usr/local/bin/python3.12 | grep -c '/usr/local/bin/../lib/libpython3.12.so' || true
+grep -rlI pyenv /usr/local/bin /usr/local/lib/python{minor}/_sysconfigdata_* /usr/local/lib/pkgconfig || echo no-host-paths
+ldd /usr/local/bin/python{minor} | grep -c '/usr/local/bin/../lib/libpython{minor}.so' || true
 uv venv -q --python /usr/local/bin/python3 /tmp/venv && /tmp/venv/bin/python -c 'import sys; print("venv", sys.version.split()[0], sys.base_prefix)'
 python3 -m venv /tmp/venv2 && /tmp/venv2/bin/python -m pip --version | cut -d' ' -f1
 pip --version | cut -d' ' -f1,2
@@ -191,20 +191,27 @@ pip --version | cut -d' ' -f1,2
 
 
 @pytest.mark.timeout(120)
-def test_python_3_12_slim_is_a_real_cpython_3_12_laid_out_as_the_image_has_it(docker_client, stand_ins):
-    """python:3.12-slim's stand-in (kind cpython-3.12): the machine's own CPython 3.12 build (no 3.12 source
-    can be had here), relocated under /usr/local with pip 25.3 from its wheel, not Debian's 3.13."""
-    if not is_stand_in(docker_client, "python:3.12-slim"):
-        pytest.skip("python:3.12-slim was pulled here: there is no stand-in to check")
-    kind = docker_client.images.get("python:3.12-slim").labels[LABEL]
-    if kind != "cpython-3.12-trixie":
-        pytest.skip(f"no CPython 3.12 build on this machine: python:3.12-slim's stand-in is {kind}")
-    out = run_in("python:3.12-slim", CPYTHON_PROBE).splitlines()
-    assert out[0] == "OpenSSL True True", out  # trixie's OpenSSL, through _ssl and _ctypes
+@pytest.mark.parametrize(
+    ("name", "minor", "suite"),
+    [("python:3.12-slim", "3.12", "trixie"), ("python:3.13-slim-bookworm", "3.13", "bookworm")],
+)
+def test_a_cpython_stand_in_is_the_machines_own_build_laid_out_as_the_image_has_it(
+    docker_client, stand_ins, name, minor, suite
+):
+    """A cpython-X.Y stand-in: the machine's own CPython X.Y build (no 3.12 source can be had here; 3.13's
+    would take ten minutes to build), relocated under /usr/local with pip 25.3 from its wheel, in place of
+    the suite's Debian Python (trixie's 3.13, bookworm's 3.11)."""
+    if not is_stand_in(docker_client, name):
+        pytest.skip(f"{name} was pulled here: there is no stand-in to check")
+    kind = docker_client.images.get(name).labels[LABEL]
+    if kind != f"cpython-{minor}-{suite}":
+        pytest.skip(f"no CPython {minor} build on this machine: {name}'s stand-in is {kind}")
+    out = run_in(name, CPYTHON_PROBE.replace("{minor}", minor)).splitlines()
+    assert out[0] == "OpenSSL True True", out  # the suite's OpenSSL, through _ssl and _ctypes
     version, prefix, purelib, libdir, include = out[1].split()
-    assert version.startswith("3.12.") and prefix == "/usr/local", out
-    assert purelib == "/usr/local/lib/python3.12/site-packages", out
-    assert (libdir, include) == ("/usr/local/lib", "/usr/local/include/python3.12"), out
+    assert version.startswith(f"{minor}.") and prefix == "/usr/local", out
+    assert purelib == f"/usr/local/lib/python{minor}/site-packages", out
+    assert (libdir, include) == ("/usr/local/lib", f"/usr/local/include/python{minor}"), out
     assert out[2] == "/usr/local", out
     assert "No such file" in out[3], out  # Debian's Python went with its packages
     assert out[4] == "no-host-paths", out
