@@ -64,21 +64,17 @@ class Dockerfile:
         stages: set[str] = set()
         images: list[str] = []
         for ins in self.instructions:
-            if ins.keyword == "FROM":
-                words = ins.words()
-                if not words:
-                    continue
+            words = ins.words() if ins.keyword == "FROM" else []
+            if words:
                 name = words[0]
-                if len(words) >= 3 and words[1].lower() == "as":
-                    stages.add(words[2].lower())
-            elif ins.keyword == "COPY" and ins.flags.get("from"):
-                name = ins.flags["from"]
-                if name.isdigit():
-                    continue
+            elif ins.keyword == "COPY" and (source := ins.flags.get("from")) and not source.isdigit():
+                name = source  # (`--from=1` is a stage by its index)
             else:
                 continue
             if name.lower() not in stages and name not in images:
                 images.append(name)
+            if len(words) >= 3 and words[1].lower() == "as":
+                stages.add(words[2].lower())
         return images
 
     def where(self, ins: Instruction) -> str:
